@@ -1,0 +1,247 @@
+"""Shared scaffolding for the built-in environment servers (AgentGym protocol).
+
+Contract every server module follows (``python -m env_gateway.servers.<name> --host H --port P``):
+
+    GET  /                          health: {"status": "ok", "env": name, "instances": n, "max_instances": m}
+    POST /create                    -> {"id": n}
+    POST /reset   {id, data_idx}    -> env-specific dict (at least "observation")
+    POST /step    {id, action}      -> env-specific dict (at least "observation", "reward", "done")
+    GET  /observation?id=n          -> {"observation": str}
+    GET  /expert?id=n               -> {"action": str}  (the expert's next action, where the env has one)
+    GET  /items?split=train|dev|test -> {"env": name, "split": s, "item_ids": [data_idx, ...]}
+    POST /close   {id}              -> {"closed": n}
+
+A subclass of ``EnvServer`` implements the blocking env calls (``new_env``, ``reset``, ``step``,
+``observation``, optionally ``expert_action``, ``close_env``). They run in a thread pool, never on the
+event loop, so one slow step does not stall other sessions; each instance has its own lock, so two
+requests for one instance never interleave. Bad requests get a 4xx JSON ``{"error", "detail"}`` that
+says what to fix; an exception inside the env gets a 500 JSON error naming the env and the cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import web
+
+log = logging.getLogger("env_gateway.servers")
+
+
+class RequestError(Exception):
+    """A client mistake: becomes a 4xx JSON error."""
+
+    def __init__(self, status: int, error: str, detail: str):
+        super().__init__(f"{error}: {detail}")
+        self.status, self.error, self.detail = status, error, detail
+
+
+@dataclass
+class Instance:
+    env: Any
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    data_idx: int | None = None
+
+
+class EnvServer:
+    """Base class of an AgentGym-protocol environment server. Subclasses set ``name`` and implement the
+    blocking calls below; everything HTTP (routing, validation, errors, health, shutdown) lives here."""
+
+    name: str = "env"
+
+    def __init__(self, max_instances: int = 256, workers: int = 8):
+        self.max_instances = max_instances
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{self.name}-env")
+        self.instances: dict[int, Instance] = {}
+        self._ids = itertools.count()
+
+    # ---- blocking env calls (run in the thread pool) -------------------------------------------
+    def new_env(self) -> Any:
+        raise NotImplementedError
+
+    def reset(self, env: Any, data_idx: int) -> dict:
+        raise NotImplementedError
+
+    def step(self, env: Any, action: str) -> dict:
+        raise NotImplementedError
+
+    def observation(self, env: Any) -> str:
+        raise NotImplementedError
+
+    def expert_action(self, env: Any) -> str:
+        raise RequestError(404, "no_expert", f"the {self.name} server has no expert")
+
+    def close_env(self, env: Any) -> None:
+        pass
+
+    def item_ids(self, split: str) -> list[int]:
+        """The benchmark's own task list for a split, as data_idx values: deterministic, and the test split
+        never overlaps train. Unknown split -> raise RequestError(400, ...)."""
+        raise RequestError(404, "no_items", f"the {self.name} server does not list item ids")
+
+    def num_items(self) -> int | None:
+        """How many data_idx values are valid (None: unbounded). Out-of-range reset -> 400."""
+        return None
+
+    def extra_routes(self) -> list[web.RouteDef]:
+        return []
+
+    @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Server-specific command-line options."""
+
+    # ---- HTTP ----------------------------------------------------------------------------------
+    async def run_blocking(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def instance(self, raw_id: Any) -> tuple[int, Instance]:
+        try:
+            env_id = int(raw_id)
+        except (TypeError, ValueError):
+            raise RequestError(400, "bad_id", f"'id' must be an integer from /create, got {raw_id!r}")
+        if env_id not in self.instances:
+            raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: create one with POST /create")
+        return env_id, self.instances[env_id]
+
+    @staticmethod
+    async def body(request: web.Request, *required: str) -> dict:
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError(400, "bad_json", "the request body must be a JSON object")
+        if not isinstance(data, dict):
+            raise RequestError(400, "bad_json", "the request body must be a JSON object")
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise RequestError(400, "missing_field", f"required field(s) missing: {', '.join(missing)}")
+        return data
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "env": self.name, "instances": len(self.instances),
+                                  "max_instances": self.max_instances})
+
+    async def handle_create(self, request: web.Request) -> web.Response:
+        if len(self.instances) >= self.max_instances:
+            raise RequestError(503, "full", f"{self.name} server holds its maximum of {self.max_instances} "
+                                            "instances: close some, or start another replica")
+        env = await self.run_blocking(self.new_env)
+        env_id = next(self._ids)
+        self.instances[env_id] = Instance(env)
+        return web.json_response({"id": env_id})
+
+    async def handle_reset(self, request: web.Request) -> web.Response:
+        data = await self.body(request, "id", "data_idx")
+        env_id, inst = self.instance(data["id"])
+        try:
+            data_idx = int(data["data_idx"])
+        except (TypeError, ValueError):
+            raise RequestError(400, "bad_data_idx", f"'data_idx' must be an integer, got {data['data_idx']!r}")
+        n = self.num_items()
+        if data_idx < 0 or (n is not None and data_idx >= n):
+            raise RequestError(400, "bad_data_idx", f"'data_idx' {data_idx} is out of range [0, {n})")
+        async with inst.lock:
+            result = await self.run_blocking(self.reset, inst.env, data_idx)
+            inst.data_idx = data_idx
+        return web.json_response(result)
+
+    async def handle_step(self, request: web.Request) -> web.Response:
+        data = await self.body(request, "id", "action")
+        env_id, inst = self.instance(data["id"])
+        if not isinstance(data["action"], str):
+            raise RequestError(400, "bad_action", "'action' must be a string")
+        if inst.data_idx is None:
+            raise RequestError(409, "not_reset", f"instance {env_id} has not been reset: POST /reset first")
+        async with inst.lock:
+            result = await self.run_blocking(self.step, inst.env, data["action"])
+        return web.json_response(result)
+
+    async def handle_observation(self, request: web.Request) -> web.Response:
+        env_id, inst = self.instance(request.query.get("id"))
+        async with inst.lock:
+            obs = await self.run_blocking(self.observation, inst.env)
+        return web.json_response({"observation": obs})
+
+    async def handle_expert(self, request: web.Request) -> web.Response:
+        env_id, inst = self.instance(request.query.get("id"))
+        if inst.data_idx is None:
+            raise RequestError(409, "not_reset", f"instance {env_id} has not been reset: POST /reset first")
+        async with inst.lock:
+            action = await self.run_blocking(self.expert_action, inst.env)
+        return web.json_response({"action": action})
+
+    async def handle_items(self, request: web.Request) -> web.Response:
+        split = request.query.get("split", "train")
+        ids = await self.run_blocking(self.item_ids, split)
+        return web.json_response({"env": self.name, "split": split, "item_ids": ids})
+
+    async def handle_close(self, request: web.Request) -> web.Response:
+        data = await self.body(request, "id")
+        env_id, inst = self.instance(data["id"])
+        async with inst.lock:
+            self.instances.pop(env_id, None)
+            await self.run_blocking(self.close_env, inst.env)
+        return web.json_response({"closed": env_id})
+
+    @web.middleware
+    async def errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return web.json_response({"error": e.error, "detail": e.detail}, status=e.status)
+        except web.HTTPException as e:  # aiohttp's own 404/405 for unknown routes
+            return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
+                                     status=e.status)
+        except Exception as e:  # an env failure: report it, keep serving
+            log.exception("%s: %s %s failed", self.name, request.method, request.path)
+            return web.json_response({"error": "env_failure", "detail": f"{self.name}: {type(e).__name__}: {e}"},
+                                     status=500)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.errors], client_max_size=1 << 20)
+        app.add_routes([
+            web.get("/", self.handle_health),
+            web.post("/create", self.handle_create),
+            web.post("/reset", self.handle_reset),
+            web.post("/step", self.handle_step),
+            web.get("/observation", self.handle_observation),
+            web.get("/expert", self.handle_expert),
+            web.get("/items", self.handle_items),
+            web.post("/close", self.handle_close),
+            *self.extra_routes(),
+        ])
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    async def _shutdown(self, app: web.Application) -> None:
+        for env_id, inst in list(self.instances.items()):
+            try:
+                await self.run_blocking(self.close_env, inst.env)
+            except Exception:
+                log.exception("%s: closing instance %s failed", self.name, env_id)
+        self.instances.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
+    """Command-line entry point shared by every server module."""
+    parser = argparse.ArgumentParser(prog=f"python -m env_gateway.servers.{server_cls.name}",
+                                     description=f"AgentGym-protocol {server_cls.name} environment server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-instances", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=8, help="threads that run blocking env calls")
+    parser.add_argument("--log-level", default="INFO")
+    server_cls.add_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "log_level")}
+    server = server_cls(**extra)
+    # run_app turns SIGINT and SIGTERM into a graceful shutdown, which closes every instance.
+    web.run_app(server.app(), host=args.host, port=args.port, print=lambda *_: log.info(
+        "%s server listening on http://%s:%d", server_cls.name, args.host, args.port))

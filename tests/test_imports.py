@@ -1,0 +1,124 @@
+"""The foundation: every OpenRLHF module this project builds on imports on this host (CPU included), the
+installed versions are the pinned ones, vLLM reports the right platform, and the CPU import fix also holds in
+Ray worker processes."""
+
+import importlib
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+
+OPENRLHF_MODULES = [
+    "openrlhf.utils.agent",
+    "openrlhf.models.loss",
+    "openrlhf.trainer.ppo_utils.experience",
+    "openrlhf.trainer.ppo_utils.experience_maker",
+    "openrlhf.trainer.ppo_utils.samples_generator",
+    "openrlhf.trainer.ray.ppo_actor",
+    "openrlhf.trainer.ray.vllm_engine",
+    "openrlhf.trainer.ppo_trainer",
+]
+
+
+def cuda_host() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pins(path: str) -> dict[str, str]:
+    """name -> version for every `name==version` line of a requirements file (extras stripped)."""
+    out = {}
+    for line in open(os.path.join(ROOT, path)):
+        m = re.match(r"^([A-Za-z0-9_.\-]+)(\[[^\]]*\])?==([^\s;#]+)", line.strip())
+        if m:
+            out[m.group(1)] = m.group(3)
+    return out
+
+
+@pytest.mark.parametrize("module", OPENRLHF_MODULES)
+def test_openrlhf_module_imports(module):
+    importlib.import_module(module)
+
+
+def test_installed_versions_match_requirements():
+    wanted = pins("requirements.txt")
+    wanted.update(pins("requirements-cuda.txt" if cuda_host() else "requirements-cpu.txt"))
+    assert "openrlhf" in wanted and "deepspeed" in wanted and "ray" in wanted
+    wrong = {}
+    for name, version in wanted.items():
+        installed = importlib.metadata.version(name).split("+")[0]  # 2.13.0+cpu is torch==2.13.0
+        if installed != version:
+            wrong[name] = f"installed {installed}, pinned {version}"
+    assert not wrong, f"run `bash scripts/setup.sh` to fix: {wrong}"
+
+
+def test_flash_attn_serves_real_files_without_cuda_init():
+    import flash_attn
+    import flash_attn.bert_padding as bert_padding
+
+    site_dir = os.path.dirname(flash_attn.__spec__.origin)
+    assert os.path.dirname(bert_padding.__file__) == site_dir, "bert_padding must come from the installed package"
+    if cuda_host():
+        pytest.skip("CUDA host: compat changes nothing, flash_attn imports normally")
+    assert flash_attn.__cpu_only__ is True
+    assert not hasattr(flash_attn, "flash_attn_func"), "the CUDA kernels' entry points must not be faked"
+    import torch
+
+    x = torch.randn(2, 4, 3)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    unpadded, indices, *_ = bert_padding.unpad_input(x, mask)
+    assert unpadded.shape == (6, 3) and indices.tolist() == [0, 1, 4, 5, 6, 7]
+
+
+def test_vllm_imports_and_reports_platform():
+    import vllm  # noqa: F401
+    from vllm.platforms import current_platform
+
+    if cuda_host():
+        assert current_platform.is_cuda()
+    else:
+        assert current_platform.is_cpu(), f"vLLM picked platform {current_platform.device_type!r} on a CPU host"
+
+
+def test_ray_worker_gets_the_import_fix():
+    """Ray workers are fresh interpreters: the fix must reach them without any code in the task itself."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        @ray.remote(num_cpus=1)
+        def import_trainer_in_worker():
+            import openrlhf.trainer.ppo_trainer  # noqa: F401
+            import flash_attn
+
+            return getattr(flash_attn, "__cpu_only__", False), os.getpid()
+
+        cpu_only, worker_pid = ray.get(import_trainer_in_worker.remote(), timeout=180)
+    finally:
+        ray.shutdown()
+    assert worker_pid != os.getpid()
+    assert cpu_only == (not cuda_host())
+
+
+def test_setup_second_run_installs_nothing():
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", "scripts/setup.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COPE_ENV_SERVERS": "none"})
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "nothing to install" in proc.stdout, proc.stdout
+    assert elapsed < 60, f"a second setup.sh run took {elapsed:.0f} s"
+
+
+def test_compat_import_is_cheap():
+    """Every interpreter of the venv imports compat at start-up (.pth): it must not pull torch in."""
+    code = "import sys, cope_rlhf.compat; print('torch' in sys.modules, 'flash_attn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
