@@ -82,8 +82,20 @@ fi
 
 # Environment servers, each in its own venv (their packages conflict with the trainer's or with each other).
 if [[ "${COPE_ENV_SERVERS:-}" != none ]]; then
-  servers="${COPE_ENV_SERVERS:-$(ls env_gateway/servers/requirements/*.txt 2>/dev/null | xargs -rn1 basename | sed 's/\.txt$//')}"
+  servers="${COPE_ENV_SERVERS:-}"
+  if [[ -z "$servers" ]]; then
+    for req in env_gateway/servers/requirements/*.txt; do
+      if [[ -f "$req" ]]; then servers+=" $(basename "$req" .txt)"; fi
+    done
+  fi
   for name in $servers; do
+    if [[ "$name" == sciworld ]] && ! java -version >/dev/null 2>&1; then  # ScienceWorld's jar needs Java 17+
+      if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        step "Java 17 for ScienceWorld" bash -c "apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null"
+      else
+        echo "[setup] ScienceWorld needs Java 17: install it (e.g. apt-get install openjdk-17-jre-headless)" >&2; exit 1
+      fi
+    fi
     step "env server venv .venvs/$name" bash scripts/setup_env.sh "$name"
   done
 fi
