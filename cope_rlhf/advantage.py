@@ -1,0 +1,138 @@
+"""GRPO advantages, the info-gated advantage, and the degenerate-group filter, on OpenRLHF ``Experience`` lists.
+
+Groups: OpenRLHF sets ``experience.index`` to the samples' positions in the rollout; position ``i`` belongs
+to prompt group ``i // n`` (``n = rollout.n_samples_per_prompt``).
+
+GRPO (``group_norm``), as ``RemoteExperienceMaker.compute_advantages_and_returns`` computes it:
+    r'_i = (r_i - mean_g r) / (std_g r + 1e-9)           (std unbiased, over the group's n samples)
+    per-token reward = r'_i at the sample's last action token, minus kl_coef * kl (OpenRLHF's compute_reward)
+    returns_t = sum_{t' >= t} action_mask_t' * reward_t'  (gamma = 1);  advantages = returns
+
+Info-gated advantage, on action tokens only:
+    A = A_GRPO + beta_g * Â_intr,   beta_g = w * exp(-sigma_g / T),   sigma_g = std_g r
+    Â_intr = (x - mean x) / std x over every action token of the batch (x = per-token intrinsic reward)
+The gate opens fully where a group's samples all scored the same, i.e. where GRPO gives no gradient.
+
+Degenerate-group filter: samples of groups with std_g r <= 1e-6 get action_mask, advantages and returns
+zeroed, so they leave the numerator and the denominator of the token-mean loss. Applied before the info
+term, it also removes that term from those groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from openrlhf.models.utils import compute_reward
+
+from cope_rlhf.config import CoPEConfig
+
+DEGENERATE_STD = 1e-6
+
+
+def _grouped_rewards(experiences: Sequence, n: int) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
+    """Rewards as (groups, n) in rollout order, the flat index of each experience row, rows per experience."""
+    if n < 2:
+        raise ValueError(f"group statistics need n_samples_per_prompt >= 2, got {n}")
+    sizes = [len(e.index) for e in experiences]
+    index = torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
+    flat = torch.cat([e.rewards for e in experiences])
+    if flat.numel() % n:
+        raise ValueError(f"{flat.numel()} samples do not split into groups of n_samples_per_prompt={n}")
+    ordered = torch.empty_like(flat)
+    ordered[index] = flat
+    return ordered.reshape(-1, n), index, sizes
+
+
+def group_reward_std(experiences: Sequence, n: int) -> List[torch.Tensor]:
+    """sigma_g of each sample's group, split like the experiences."""
+    grouped, index, sizes = _grouped_rewards(experiences, n)
+    return list(grouped.std(-1, keepdim=True).expand(-1, n).reshape(-1)[index].split(sizes))
+
+
+@torch.no_grad()
+def grpo_advantages(
+    experiences: Sequence, n: int, kl_coef: float = 0.0, reward_clip_range: Optional[Tuple[float, float]] = None
+) -> None:
+    """Sets ``advantages``, ``returns``, ``info["return"]``, ``info["group_reward_std"]`` in place (``kl`` is
+    consumed and set to None, as OpenRLHF does). Rewards are taken as given: OpenRLHF's length penalties,
+    if configured, are applied by its own method before this point."""
+    for e in experiences:
+        e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
+    grouped, index, sizes = _grouped_rewards(experiences, n)
+    stds = grouped.std(-1, keepdim=True)
+    for e, std in zip(experiences, stds.expand(-1, n).reshape(-1)[index].split(sizes)):
+        e.info["group_reward_std"] = std
+    normed = ((grouped - grouped.mean(-1, keepdim=True)) / (stds + 1e-9)).reshape(-1)[index].split(sizes)
+    for e, r in zip(experiences, normed):
+        reward = compute_reward(r, kl_coef, e.kl, action_mask=e.action_mask, reward_clip_range=reward_clip_range)
+        masked = e.action_mask * reward
+        returns = torch.zeros_like(reward)
+        running = torch.zeros(reward.size(0), device=reward.device)
+        for t in range(reward.size(1) - 1, -1, -1):
+            running = masked[:, t] + running
+            returns[:, t] = running
+        e.returns = returns
+        e.advantages = returns.clone()
+        e.info["return"] = reward.sum(dim=-1)
+        e.kl = None
+
+
+@torch.no_grad()
+def filter_degenerate_groups(experiences: Sequence, n: int) -> Dict[str, float]:
+    """Zeroes action_mask (and advantages/returns where set) of samples in groups with std <= 1e-6."""
+    filtered = total = 0
+    for e, std in zip(experiences, group_reward_std(experiences, n)):
+        drop = std <= DEGENERATE_STD
+        keep = (~drop).to(e.action_mask.dtype).unsqueeze(1)
+        e.action_mask = e.action_mask * keep
+        for name in ("advantages", "returns"):
+            if getattr(e, name) is not None:
+                setattr(e, name, getattr(e, name) * keep.to(getattr(e, name).dtype))
+        filtered += int(drop.sum())
+        total += drop.numel()
+    return {"cope/filtered_frac": filtered / max(total, 1)}
+
+
+@torch.no_grad()
+def add_info_gated_advantage(
+    experiences: Sequence, intrinsic: Sequence[torch.Tensor], n: int, weight: float, gate_temp: float
+) -> Dict[str, float]:
+    """A += beta_g * Â_intr on action tokens; ``intrinsic[i]`` is aligned with ``experiences[i].action_mask``."""
+    masks = [e.action_mask.bool() for e in experiences]
+    for m, x in zip(masks, intrinsic):
+        if x.shape != m.shape:
+            raise ValueError(f"intrinsic reward shape {tuple(x.shape)} does not match action_mask {tuple(m.shape)}")
+    values = torch.cat([x.float()[m] for x, m in zip(intrinsic, masks)])
+    if values.numel() == 0:
+        return {"cope/info_beta_mean": 0.0, "cope/info_reward_mean": 0.0}
+    mean, std = values.mean(), values.std(unbiased=False)
+    betas = [weight * torch.exp(-s.float() / gate_temp) for s in group_reward_std(experiences, n)]
+    for e, x, m, beta in zip(experiences, intrinsic, masks, betas):
+        bonus = beta.unsqueeze(1) * (x.float() - mean) / std.clamp_min(1e-8) * m
+        e.advantages = e.advantages + bonus.to(e.advantages.dtype)
+    return {"cope/info_beta_mean": float(torch.cat(betas).mean()), "cope/info_reward_mean": float(mean)}
+
+
+def cope_advantages(
+    experiences: Sequence,
+    config: CoPEConfig,
+    n: int,
+    intrinsic: Optional[Sequence[torch.Tensor]] = None,
+    kl_coef: float = 0.0,
+    reward_clip_range: Optional[Tuple[float, float]] = None,
+) -> Dict[str, float]:
+    """GRPO, then the filter and the info term where the config turns them on. With both off this is
+    exactly ``grpo_advantages``."""
+    grpo_advantages(experiences, n, kl_coef, reward_clip_range)
+    metrics = {}
+    if config.grpo_filter_degenerate:
+        metrics.update(filter_degenerate_groups(experiences, n))
+    if config.info_gain_enable:
+        if intrinsic is None:
+            raise ValueError("INFO_INTRINSIC_WEIGHT > 0 needs the per-token intrinsic rewards (info_gain_rewards)")
+        metrics.update(
+            add_info_gated_advantage(experiences, intrinsic, n, config.info_intrinsic_weight, config.info_gate_temp)
+        )
+    return metrics

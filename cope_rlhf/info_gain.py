@@ -1,0 +1,119 @@
+"""Turn-level information gain from a masked-feedback counterfactual.
+
+For every turn t >= 1 of a sample (turn 0 follows the prompt, not environment feedback; it gets 0), only
+the last ``max_turns`` such turns of the sample:
+
+    r_t = 1/P_t * sum_{j < P_t} KL( pi(. | real)_j || pi(. | masked_t)_j )
+
+over the first ``P_t = min(P, len(turn t))`` action tokens of turn t. ``real`` is the sequence as sampled;
+``masked_t`` is the same sequence, same position ids, with the observation block before turn t removed
+from attention (a 2D attention mask with zeros there). The block is the feedback between action t-1 and
+action t *minus its last token*: that token's output is the distribution of turn t's first action token, so
+it must stay a live query. Keeping it makes the counterfactual identical whether an attention backend
+masks keys (eager, SDPA) or drops masked tokens (flash-attention's unpadding).
+
+r_t is spread evenly over turn t's action tokens (each gets r_t / len(turn t)); all other tokens get 0.
+
+Everything runs through ``logits_fn(sequences, attention_mask, position_ids) -> (rows, L, V) logits``, so a
+HF model and an OpenRLHF actor serve alike. Position ids follow OpenRLHF's ``Actor.forward`` convention
+(``cumsum(attention_mask) - 1``, padding at 1).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, NamedTuple, Tuple
+
+import torch
+
+from cope_rlhf.turns import Turn, action_offset, turn_spans
+
+LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Probe(NamedTuple):
+    row: int  # sample in the batch
+    turn: int  # index into turn_spans(...)[row]
+    masked: Tuple[int, int]  # sequence positions removed from attention in the counterfactual
+    positions: Tuple[int, int]  # logits positions predicting the first P action tokens
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    return position_ids.masked_fill(attention_mask == 0, 1)
+
+
+def plan_probes(turns: List[List[Turn]], probe_tokens: int, max_turns: int) -> List[Probe]:
+    """The counterfactuals to run: the last ``max_turns`` turns after feedback, per row."""
+    probes = []
+    for row, row_turns in enumerate(turns):
+        for t in range(max(1, len(row_turns) - max_turns), len(row_turns)):
+            turn = row_turns[t]
+            n = min(probe_tokens, turn.action_end - turn.action_start)
+            first = turn.action_start - 1
+            probes.append(Probe(row, t, (turn.obs_start, turn.obs_end - 1), (first, first + n)))
+    return probes
+
+
+def probe_kl(real_logits: torch.Tensor, masked_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(softmax(real) || softmax(masked)); inputs (P, V)."""
+    real = torch.log_softmax(real_logits.float(), dim=-1)
+    masked = torch.log_softmax(masked_logits.float(), dim=-1)
+    return (real.exp() * (real - masked)).sum(-1).mean()
+
+
+@torch.no_grad()
+def info_gain_rewards(
+    logits_fn: LogitsFn,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    action_mask: torch.Tensor,
+    probe_tokens: int = 16,
+    max_turns: int = 8,
+    rows_per_forward: int = 16,
+) -> Tuple[torch.Tensor, List[List[float]], Dict[str, float]]:
+    """Per-token intrinsic reward ``(B, A)`` aligned with ``action_mask``, per-turn r_t (0 for unscored
+    turns), and metrics. Runs the real rows that have a scored turn, then one counterfactual row per scored
+    turn, ``rows_per_forward`` rows per call, each cut after its last probe position (attention is causal)."""
+    turns = turn_spans(action_mask, sequences.shape[1], attention_mask)
+    offset = action_offset(sequences.shape[1], action_mask.shape[1])
+    probes = plan_probes(turns, probe_tokens, max_turns)
+    position_ids = position_ids_for(attention_mask)
+    token_rewards = torch.zeros(action_mask.shape, dtype=torch.float32, device=action_mask.device)
+    turn_rewards = [[0.0] * len(row_turns) for row_turns in turns]
+    if not probes:
+        return token_rewards, turn_rewards, {"cope/info_reward_mean": 0.0, "cope/info_turns_scored": 0}
+
+    # Only the probe positions' logits are kept (cloned), so peak memory is one chunk's (rows, L, V).
+    real_logits = {}
+    probed_rows = sorted({p.row for p in probes})
+    for c in range(0, len(probed_rows), rows_per_forward):
+        chunk = probed_rows[c : c + rows_per_forward]
+        length = max(p.positions[1] for p in probes if p.row in chunk)
+        logits = logits_fn(sequences[chunk, :length], attention_mask[chunk, :length], position_ids[chunk, :length])
+        for i, row in enumerate(chunk):
+            for p in probes:
+                if p.row == row:
+                    real_logits[p] = logits[i, p.positions[0] : p.positions[1]].clone()
+        del logits
+    values = []
+    for c in range(0, len(probes), rows_per_forward):
+        chunk = probes[c : c + rows_per_forward]
+        rows = [p.row for p in chunk]
+        length = max(p.positions[1] for p in chunk)
+        masked_attention = attention_mask[rows, :length].clone()
+        for i, p in enumerate(chunk):
+            masked_attention[i, p.masked[0] : p.masked[1]] = 0
+        masked_logits = logits_fn(sequences[rows, :length], masked_attention, position_ids[rows, :length])
+        for i, p in enumerate(chunk):
+            a, b = p.positions
+            values.append(float(probe_kl(real_logits[p], masked_logits[i, a:b])))
+        del masked_logits
+
+    for p, value in zip(probes, values):
+        turn = turns[p.row][p.turn]
+        turn_rewards[p.row][p.turn] = value
+        token_rewards[p.row, turn.action_start - offset : turn.action_end - offset] = value / (
+            turn.action_end - turn.action_start
+        )
+    metrics = {"cope/info_reward_mean": sum(values) / len(values), "cope/info_turns_scored": len(values)}
+    return token_rewards, turn_rewards, metrics

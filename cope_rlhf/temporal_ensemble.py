@@ -1,0 +1,108 @@
+"""Temporal ensembling: distil earlier forecasts of an action into the policy.
+
+Members of action token y of turn t: the forecasts issued at earlier turns s < t whose slot is turn t,
+i.e. pi^k(y | h_s, plan-ahead, a_s ... a_{t-1}) under the frozen (pre-update) policy, each kept as its
+top-M tokens (probabilities not renormalised). A forecast slot covers a trajectory token when the slot's
+token ids occur verbatim inside turn t's action tokens (last occurrence).
+
+    q^F = mean over members of the top-M distributions          (total mass  mass_topM <= 1)
+    q   = ((1 - eta) * pi_frozen(. | h_t) + eta * q^F) / Z,      Z = (1 - eta) + eta * mass_topM
+    q   = pi_frozen                                              for tokens without members
+    L_TE = lambda * mean over covered tokens of  sum_v [ q_v - p_v - p_v * log(q_v / p_v) ],   p = pi_theta
+
+The summand is the low-variance (k3) KL estimator (r - 1) - log r, r = q/p, in expectation over v ~ p: with
+normalised q it equals KL(pi_theta || q) exactly. lambda is 0 before ``TE_WARMUP_STEPS``.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.forecast import ForecastSample
+from cope_rlhf.turns import Turn
+
+TOP_M = 64
+
+
+def te_lambda(config: CoPEConfig, step: int) -> float:
+    return config.te_lambda if config.te_enable and step >= config.te_warmup_steps else 0.0
+
+
+def locate(tokens: Sequence[int], turn: Turn, target: Sequence[int]) -> int:
+    """Sequence position where ``target`` starts inside the turn's action tokens (last match), or -1."""
+    target = list(target)
+    for start in range(turn.action_end - len(target), turn.action_start - 1, -1):
+        if list(tokens[start : start + len(target)]) == target:
+            return start
+    return -1
+
+
+def collect_members(
+    samples: Sequence[ForecastSample],
+    forecast_logits: Sequence[torch.Tensor],
+    trajectories: Dict[int, Tuple[Sequence[int], Sequence[Turn]]],
+    top_m: int = TOP_M,
+) -> Tuple[List[Tuple[int, int]], torch.Tensor, torch.Tensor, torch.Tensor, Dict[str, float]]:
+    """Member distributions per covered trajectory token.
+
+    ``forecast_logits[i]`` are the frozen policy's logits on ``samples[i].input_ids`` (L_i, V);
+    ``trajectories[row] = (tokens, turns)``. Returns ``targets`` [(row, sequence position)], member
+    probabilities and token ids (N, K, M) and a validity mask (N, K), and coverage metrics. The policy's
+    logits for target ``(row, p)`` sit at position ``p - 1`` of that trajectory."""
+    members: Dict[Tuple[int, int], List[Tuple[torch.Tensor, torch.Tensor]]] = {}
+    slots = covered = 0
+    for sample, logits in zip(samples, forecast_logits):
+        tokens, turns = trajectories[sample.row]
+        for t, start, end in sample.slots:
+            if t <= sample.turn:
+                continue  # the forecast of the current action is not an ensemble member
+            slots += 1
+            at = locate(tokens, turns[t], sample.input_ids[start:end])
+            if at < 0:
+                continue
+            covered += 1
+            probs, ids = torch.softmax(logits[start - 1 : end - 1].float(), dim=-1).topk(top_m, dim=-1)
+            for j in range(end - start):
+                members.setdefault((sample.row, at + j), []).append((probs[j], ids[j]))
+    targets = sorted(members)
+    width = max((len(members[x]) for x in targets), default=0)
+    member_probs = torch.zeros(len(targets), width, top_m)
+    member_ids = torch.zeros(len(targets), width, top_m, dtype=torch.long)
+    valid = torch.zeros(len(targets), width, dtype=torch.bool)
+    for i, x in enumerate(targets):
+        for k, (p, ids) in enumerate(members[x]):
+            member_probs[i, k], member_ids[i, k], valid[i, k] = p, ids, True
+    metrics = {"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0}
+    return targets, member_probs, member_ids, valid, metrics
+
+
+def mixture_target(
+    frozen_logits: torch.Tensor, member_probs: torch.Tensor, member_ids: torch.Tensor, valid: torch.Tensor, eta: float
+) -> torch.Tensor:
+    """q (N, V) from the frozen policy's logits (N, V) at the covered tokens and their members."""
+    pi = torch.softmax(frozen_logits.float(), dim=-1)
+    count = valid.sum(-1, keepdim=True)
+    forecast = torch.zeros_like(pi).scatter_add_(
+        1, member_ids.flatten(1), (member_probs * valid.unsqueeze(-1)).flatten(1)
+    ) / count.clamp_min(1)
+    mass = forecast.sum(-1, keepdim=True)
+    mixed = ((1 - eta) * pi + eta * forecast) / ((1 - eta) + eta * mass)
+    return torch.where(count > 0, mixed, pi)
+
+
+def te_kl(policy_logits: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Per token sum_v [q - p - p log(q/p)] (= KL(p || q) for normalised q); p = softmax(policy_logits)."""
+    log_p = torch.log_softmax(policy_logits.float(), dim=-1)
+    p = log_p.exp()
+    log_q = torch.log(q.clamp_min(torch.finfo(q.dtype).tiny))
+    return (q - p - p * (log_q - log_p)).sum(-1)
+
+
+def te_loss(policy_logits: torch.Tensor, q: torch.Tensor, lam: float) -> torch.Tensor:
+    """lambda * mean over covered tokens of the KL; 0 (with a graph) when nothing is covered."""
+    if policy_logits.shape[0] == 0:
+        return policy_logits.sum() * 0.0
+    return lam * te_kl(policy_logits, q).mean()

@@ -1,0 +1,93 @@
+"""cope_rlhf.advantage on small hand-computed batches, and fed by info_gain on a real model."""
+
+import math
+
+import pytest
+import torch
+from openrlhf.trainer.ppo_utils.experience import Experience
+
+from cope_rlhf.advantage import (
+    add_info_gated_advantage,
+    cope_advantages,
+    filter_degenerate_groups,
+    group_reward_std,
+    grpo_advantages,
+)
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.info_gain import info_gain_rewards
+from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, tiny_tokenizer, to_experience
+
+
+def hand_batch():
+    """Two groups of 2, stored out of rollout order: rows are rollout positions [2, 0] and [1, 3]."""
+    mask = torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0]])
+    first = Experience(action_mask=mask, rewards=torch.tensor([0.0, 1.0]), kl=torch.zeros(2, 4))
+    second = Experience(action_mask=mask.flip(0), rewards=torch.tensor([0.0, 0.0]), kl=torch.zeros(2, 4))
+    first.index, second.index = [2, 0], [1, 3]
+    return [first, second]
+
+
+def test_grpo_hand_computed():
+    batch = hand_batch()
+    grpo_advantages(batch, n=2)
+    # group 0 = positions (0, 1) = rewards (1, 0): std = sqrt(0.5), advantages +-0.5/sqrt(0.5) = +-0.7071
+    # group 1 = positions (2, 3) = rewards (0, 0): 0
+    a = 0.5 / math.sqrt(0.5)
+    assert torch.allclose(batch[0].advantages, torch.tensor([[0, 0, 0, 0], [a, a, 0, 0]]), atol=1e-6)
+    assert torch.allclose(batch[1].advantages, torch.tensor([[-a, -a, 0, 0], [0, 0, 0, 0]]), atol=1e-6)
+    assert torch.equal(batch[0].returns, batch[0].advantages) and batch[0].kl is None
+    assert [s.tolist() for s in group_reward_std(batch, 2)] == [[0.0, pytest.approx(math.sqrt(0.5))],
+                                                                 [pytest.approx(math.sqrt(0.5)), 0.0]]
+
+
+def test_filter_hand_computed():
+    batch = hand_batch()
+    grpo_advantages(batch, n=2)
+    assert filter_degenerate_groups(batch, 2) == {"cope/filtered_frac": 0.5}
+    assert batch[0].action_mask.tolist() == [[0, 0, 0, 0], [1, 1, 0, 0]]
+    assert batch[1].action_mask.tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
+
+
+def test_info_gate_opens_where_grpo_is_silent():
+    batch = hand_batch()
+    grpo_advantages(batch, n=2)
+    intrinsic = [torch.tensor([[0, 1.0, 3.0, 0], [2.0, 2.0, 0, 0]]), torch.tensor([[1.0, 0.0, 0, 0], [0, 0, 0, 0]])]
+    metrics = add_info_gated_advantage(batch, intrinsic, 2, weight=0.1, gate_temp=0.05)
+    values = torch.tensor([1.0, 3.0, 2.0, 2.0, 1.0, 0.0, 0.0, 0.0])  # the 8 action tokens
+    normed = lambda x: (x - values.mean()) / values.std(unbiased=False)  # noqa: E731
+    # degenerate group (std 0): beta = w; the other: w * exp(-0.7071 / 0.05), about 7e-8
+    assert batch[0].advantages[0, 1].item() == pytest.approx(0.1 * normed(1.0).item(), abs=1e-6)
+    assert batch[0].advantages[0, 0].item() == 0.0 and batch[0].advantages[0, 3].item() == 0.0
+    small = 0.1 * math.exp(-math.sqrt(0.5) / 0.05)
+    assert metrics["cope/info_beta_mean"] == pytest.approx((0.1 + small) / 2, rel=1e-5)
+    assert metrics["cope/info_reward_mean"] == pytest.approx(float(values.mean()))
+
+
+def test_bad_inputs_are_explained():
+    batch = hand_batch()
+    with pytest.raises(ValueError, match="needs the per-token intrinsic rewards"):
+        cope_advantages(batch, CoPEConfig(info_intrinsic_weight=0.1), 2)
+    batch = hand_batch()
+    grpo_advantages(batch, 2)
+    with pytest.raises(ValueError, match="does not match action_mask"):
+        add_info_gated_advantage(batch, [torch.zeros(2, 3), torch.zeros(2, 3)], 2, 0.1, 0.05)
+    with pytest.raises(ValueError, match="groups of n_samples_per_prompt=3"):
+        grpo_advantages(hand_batch(), 3)
+
+
+def test_intrinsic_from_info_gain_end_to_end():
+    tok = tiny_tokenizer()
+    obs = ["Go to the red ball.", "You see a door.", "The door opens.", "Done."]
+    acts = ["Action:\nlook around", "Action:\nopen door", "Action:\ngo to red ball 1"]
+    episodes = [to_experience(agent_response(tok, obs[: 2 + i % 2], acts[: 1 + i % 2], reward=1.0)) for i in range(4)]
+    batch = Experience.concat_experiences(episodes, tok.pad_token_id)
+    batch.index, batch.kl = [0, 1, 2, 3], torch.zeros(batch.action_mask.shape)
+    intrinsic, _, info_metrics = info_gain_rewards(
+        hf_logits_fn(tiny_model(len(tok))), batch.sequences, batch.attention_mask, batch.action_mask
+    )
+    assert info_metrics["cope/info_turns_scored"] == 2
+    metrics = cope_advantages([batch], CoPEConfig(info_intrinsic_weight=0.1), 2, [intrinsic])
+    # all rewards equal: GRPO gives zero, the info term alone moves the action tokens
+    assert metrics["cope/info_beta_mean"] == pytest.approx(0.1)
+    mask = batch.action_mask.bool()
+    assert batch.advantages[mask].abs().min() > 0 and not batch.advantages[~mask].any()

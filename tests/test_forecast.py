@@ -1,0 +1,156 @@
+"""Action forecast: realized actions, invalid detection, samples in both layouts, gate, weights, NLL."""
+
+import pytest
+import torch
+from openrlhf.trainer.ppo_utils.experience import Experience
+
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.forecast import (
+    build_forecast_samples,
+    collate_forecast_samples,
+    forecast_nll,
+    forecast_samples_from_experiences,
+    group_norm_weights,
+    is_invalid,
+    realized_action,
+    trajectory_gate,
+)
+from cope_rlhf.turns import turn_spans
+from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
+
+OBS = ["Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens.", "Done."]
+ACTS = ["Thought:\nlook.\n\nAction:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door",
+        "Thought: go\nAction:\n\npick up key\nextra words"]
+PLAN = (
+    "Plan ahead: list the next {k} actions you will take, starting with the action you take right now, "
+    "one action per line"
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def episode(tok):
+    e = to_experience(agent_response(tok, OBS, ACTS))
+    return e.sequences[0].tolist(), turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+
+
+def test_realized_action():
+    assert realized_action("Thought:\nI think.\n\nAction:\ngo north\nmore") == "go north"
+    assert realized_action("Action: go north") == "go north"  # same line
+    assert realized_action("Action:\nfirst\nThought: no\nAction:\n\n  second  ") == "second"  # the last Action:
+    assert realized_action("just text\n\nlast line \n") == "last line"  # no Action: -> last non-empty line
+    assert realized_action("Action:\n\n") == "" and realized_action("") == ""
+
+
+def test_invalid_detection():
+    assert is_invalid("Invalid Action. Try again.") and is_invalid("Nothing happens.")
+    assert not is_invalid("You open the door.")
+
+
+
+def test_list_layout_reads_as_designed(tok, episode):
+    tokens, turns = episode
+    samples = build_forecast_samples(tokens, turns, tok, k=3, layout="list")
+    assert [s.turn for s in samples] == [0, 1, 2, 3]
+    second = samples[1]
+    text = tok.decode(second.input_ids)
+    prefix = tok.decode(tokens[: turns[1].action_start])
+    # the prefix ends at observation 1 (the trailing assistant header is replaced by the plan-ahead message)
+    assert text.startswith(prefix[: -len("<|im_start|>assistant\n")])
+    assert text[len(prefix) - len("<|im_start|>assistant\n"):] == (
+        f"<|im_start|>user\n{PLAN.format(k=3)}<|im_end|>\n<|im_start|>assistant\n"
+        "open door\ntoggle and go through door\npick up key<|im_end|>\n"
+    )
+    header = len(tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+    assert second.prefix_len == turns[1].action_start - header
+    assert second.input_ids[: second.prefix_len] == tokens[: second.prefix_len]  # trajectory tokens reused as is
+    target = tok.decode([i for i, m in zip(second.input_ids, second.loss_mask) if m])
+    assert target == "open door\ntoggle and go through door\npick up key<|im_end|>\n"
+    assert [tok.decode(second.input_ids[a:b]) for _, a, b in second.slots] == [
+        "open door", "toggle and go through door", "pick up key"]
+    assert [t for t, _, _ in second.slots] == [1, 2, 3]
+    # k = min(K, actions left)
+    last = f"{PLAN.format(k=1)}<|im_end|>\n<|im_start|>assistant\npick up key<|im_end|>\n"
+    assert tok.decode(samples[3].input_ids).endswith(last)
+
+
+def test_turns_layout_and_skip_invalid(tok, episode):
+    tokens, turns = episode
+    samples = build_forecast_samples(tokens, turns, tok, k=2, layout="turns", skip_invalid=True)
+    # "open door" was followed by "Nothing happens.": dropped as a forecast and as a target
+    assert [s.turn for s in samples] == [0, 2, 3]
+    first = samples[0]
+    assert tok.decode(first.input_ids).endswith(
+        f"<|im_start|>user\n{PLAN.format(k=2)}<|im_end|>\n<|im_start|>assistant\nlook around<|im_end|>\n"
+        "<|im_start|>user\nNext action?<|im_end|>\n<|im_start|>assistant\ntoggle and go through door<|im_end|>\n"
+    )
+    target = tok.decode([i for i, m in zip(first.input_ids, first.loss_mask) if m])
+    assert target == "look around<|im_end|>\ntoggle and go through door<|im_end|>\n"
+
+
+def test_prompt_without_chat_template_is_rejected(tok, episode):
+    tokens, turns = episode
+    with pytest.raises(ValueError, match="assistant header"):
+        build_forecast_samples(tokens[1:], [t._replace(action_start=t.action_start - 2) for t in turns], tok, k=2)
+    with pytest.raises(ValueError, match="allowed: list, turns"):
+        build_forecast_samples(tokens, turns, tok, k=2, layout="grid")
+
+
+def test_gate_over_known_groups():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0,   1.0, 1.0, 1.0, 1.0,   0.0, 0.7, 0.5, 0.2])
+    assert trajectory_gate(rewards, 4, "wins", 0.5).tolist() == [1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0]
+    assert trajectory_gate(rewards, 4, "mixed", 0.5).tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0]
+    assert trajectory_gate(rewards, 4, "all", 0.5).all()
+    with pytest.raises(ValueError, match="allowed: wins, all, mixed"):
+        trajectory_gate(rewards, 4, "best", 0.5)
+
+
+def test_group_norm_weights_hand_computed():
+    keep = torch.tensor([1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    # groups: 1 kept -> 1, 4 kept -> 1/4 each; total 2 over 5 kept; rescale by 5/2
+    expected = [2.5, 0, 0, 0, 0.625, 0.625, 0.625, 0.625, 0, 0, 0, 0]
+    weights = group_norm_weights(keep, 4)
+    assert torch.allclose(weights, torch.tensor(expected))
+    assert abs(float(weights[keep].mean()) - 1.0) < 1e-6
+    assert not group_norm_weights(torch.zeros(8, dtype=torch.bool), 4).any()
+
+
+def test_forecast_nll_weighted_token_mean(tok, episode):
+    tokens, turns = episode
+    samples = build_forecast_samples(tokens, turns, tok, k=2)[:3]
+    for s, w in zip(samples, (2.0, 0.5, 1.0)):
+        s.weight = w
+    input_ids, attention_mask, loss_mask, weights = collate_forecast_samples(samples, tok.pad_token_id)
+    model = tiny_model(len(tok))
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    total, count = 0.0, 0
+    for i, s in enumerate(samples):
+        for j in range(1, len(s.input_ids)):
+            if s.loss_mask[j]:
+                total += s.weight * -float(torch.log_softmax(logits[i, j - 1], -1)[s.input_ids[j]])
+                count += 1
+    loss = forecast_nll(logits, input_ids, loss_mask, weights, coef=0.01)
+    assert abs(float(loss) - 0.01 * total / count) < 1e-5
+
+
+def test_from_experiences_gate_and_weights(tok):
+    episodes = []
+    for g, rewards in enumerate([(1.0, 0.0), (1.0, 1.0)]):
+        for r in rewards:
+            episodes.append(to_experience(agent_response(tok, OBS[:3], ACTS[:2], reward=r)))
+    for i, e in enumerate(episodes):
+        e.index = [i]
+    batches = [Experience.concat_experiences(part, tok.pad_token_id) for part in (episodes[:3], episodes[3:])]
+    batches[0].index, batches[1].index = [0, 1, 2], [3]
+    config = CoPEConfig(action_forecast_enable=True, action_forecast_gate="wins", action_forecast_group_norm=True)
+    samples, metrics = forecast_samples_from_experiences(batches, tok, config, n=2)
+    assert metrics == {"cope/forecast_samples": 6, "cope/forecast_kept_frac": 0.75}
+    assert sorted({s.row for s in samples}) == [0, 2, 3]
+    assert {s.row: s.weight for s in samples} == pytest.approx({0: 1.5, 2: 0.75, 3: 0.75})
+    mixed = forecast_samples_from_experiences(batches, tok, CoPEConfig(action_forecast_gate="mixed"), n=2)[0]
+    assert {s.row for s in mixed} == {0}

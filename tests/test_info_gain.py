@@ -1,0 +1,133 @@
+"""Information gain against a naive reference that deletes each observation from the sequence, one turn at
+a time, on a small real HF causal LM (random init), with OpenRLHF-built, right-padded Experiences."""
+
+import pytest
+import torch
+from openrlhf.trainer.ppo_utils.experience import Experience
+
+from cope_rlhf.info_gain import info_gain_rewards, plan_probes, position_ids_for
+from cope_rlhf.turns import turn_spans
+from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, tiny_tokenizer, to_experience
+
+P = 4
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return tiny_model(len(tok))
+
+
+@pytest.fixture(scope="module")
+def batch(tok):
+    episodes = [
+        (["You are in a room. Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens."],
+         ["Thought:\nlook.\n\nAction:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door"]),
+        (["Craft a stick.", "Got 1 bone."], ["Action:\nget 1 bone"]),
+        (["Pick up the key.", "You see a key.", "Invalid action.", "You see a blue key.", "Done."],
+         ["Action:\nlook around", "Action:\npick key", "Action:\nlook around", "Action:\npick up key"]),
+    ]
+    return Experience.concat_experiences(
+        [to_experience(agent_response(tok, obs, acts)) for obs, acts in episodes], pad_token_id=tok.pad_token_id
+    )
+
+
+def naive_info_gain(model, batch, probe_tokens):
+    """For each turn t >= 1: delete the feedback tokens before turn t (all but the last one, whose output
+    predicts the first action token) from the row, keep the survivors' original positions, run the row alone,
+    and average KL(real || deleted) over the first `probe_tokens` action tokens."""
+    values = {}
+    for row, turns in enumerate(turn_spans(batch.action_mask, batch.sequences.shape[1], batch.attention_mask)):
+        length = int(batch.attention_mask[row].sum())
+        ids = batch.sequences[row, :length]
+        positions = torch.arange(length)
+        with torch.no_grad():
+            real = model(input_ids=ids[None], position_ids=positions[None]).logits[0]
+        for t in range(1, len(turns)):
+            turn = turns[t]
+            keep = torch.ones(length, dtype=torch.bool)
+            keep[turn.obs_start : turn.obs_end - 1] = False
+            with torch.no_grad():
+                cut = model(input_ids=ids[keep][None], position_ids=positions[keep][None]).logits[0]
+            kls = []
+            for j in range(min(probe_tokens, turn.action_end - turn.action_start)):
+                pos = turn.action_start - 1 + j
+                cut_pos = int(keep[:pos].sum())  # index of `pos` among the kept tokens
+                p, q = torch.log_softmax(real[pos], -1), torch.log_softmax(cut[cut_pos], -1)
+                kls.append(float((p.exp() * (p - q)).sum()))
+            values[(row, t)] = sum(kls) / len(kls)
+    return values
+
+
+def test_matches_naive_deletion_reference(model, batch):
+    token_rewards, turn_rewards, metrics = info_gain_rewards(
+        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask,
+        probe_tokens=P, max_turns=8, rows_per_forward=2,
+    )
+    reference = naive_info_gain(model, batch, P)
+    assert len(reference) == 5 and metrics["cope/info_turns_scored"] == 5
+    for (row, t), value in reference.items():
+        assert abs(turn_rewards[row][t] - value) < 1e-5, (row, t, turn_rewards[row][t], value)
+        assert value > 1e-4  # the random model does read the observations
+    assert all(r[0] == 0.0 for r in turn_rewards)  # first turn follows the prompt: no counterfactual
+    assert abs(metrics["cope/info_reward_mean"] - sum(reference.values()) / 5) < 1e-5
+
+
+def test_spread_over_turn_tokens_and_nothing_elsewhere(model, batch):
+    token_rewards, turn_rewards, _ = info_gain_rewards(
+        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P
+    )
+    assert token_rewards.shape == batch.action_mask.shape
+    assert not token_rewards[batch.action_mask == 0].any()
+    turns = turn_spans(batch.action_mask, batch.sequences.shape[1], batch.attention_mask)
+    for row, row_turns in enumerate(turns):
+        for t, turn in enumerate(row_turns):
+            span = token_rewards[row, turn.action_start - 1 : turn.action_end - 1]
+            assert torch.allclose(span, torch.full_like(span, turn_rewards[row][t] / len(span)))
+            assert abs(float(span.sum()) - turn_rewards[row][t]) < 1e-6
+
+
+def test_only_last_max_turns_are_scored(model, batch):
+    _, turn_rewards, metrics = info_gain_rewards(
+        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P, max_turns=1
+    )
+    assert metrics["cope/info_turns_scored"] == 2  # row 1 has a single turn: nothing to score
+    assert turn_rewards[0][:2] == [0.0, 0.0] and turn_rewards[0][2] > 0
+    assert turn_rewards[2][:3] == [0.0, 0.0, 0.0] and turn_rewards[2][3] > 0
+    probes = plan_probes(turn_spans(batch.action_mask, batch.sequences.shape[1], batch.attention_mask), P, 2)
+    assert [(p.row, p.turn) for p in probes] == [(0, 1), (0, 2), (2, 2), (2, 3)]
+
+
+def test_zero_when_the_model_ignores_observations(tok, batch):
+    """Stand-in model (a fake, on purpose): a bigram table, whose next-token distribution depends on the
+    current token only, so masking an observation cannot change it."""
+    torch.manual_seed(0)
+    table = torch.randn(len(tok), len(tok))
+    bigram = lambda sequences, attention_mask, position_ids: table[sequences]  # noqa: E731
+    token_rewards, turn_rewards, metrics = info_gain_rewards(
+        bigram, batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P
+    )
+    assert metrics["cope/info_turns_scored"] == 5
+    assert not token_rewards.any() and all(v == 0.0 for r in turn_rewards for v in r)
+
+
+def test_positions_are_openrlhf_positions():
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]])
+    assert position_ids_for(mask).tolist() == [[0, 1, 2, 1], [1, 0, 1, 2]]
+
+
+def test_left_padding_gives_the_same_values(model, batch):
+    logits_fn = hf_logits_fn(model)
+    _, right, _ = info_gain_rewards(logits_fn, batch.sequences, batch.attention_mask, batch.action_mask, P)
+    shifts = [int(batch.sequences.shape[1] - n) for n in batch.attention_mask.sum(-1)]
+    to_left = lambda t: torch.stack([torch.roll(x, s) for x, s in zip(t, shifts)])  # noqa: E731
+    _, left, _ = info_gain_rewards(
+        logits_fn, to_left(batch.sequences), to_left(batch.attention_mask), to_left(batch.action_mask), P
+    )
+    assert any(shifts) and len(sum(right, [])) == 8
+    for a, b in zip(right, left):
+        assert a == pytest.approx(b, abs=1e-5)

@@ -1,0 +1,105 @@
+"""A tiny, deterministic HF causal LM and chat tokenizer for tests, built in-process (no model hub).
+
+`tiny_tokenizer()` trains a byte-level BPE on a few lines of agent-style text and wraps it as a
+`PreTrainedTokenizerFast` with ChatML special tokens and a ChatML chat template. `tiny_model(vocab_size)`
+is a 2-layer `Qwen2ForCausalLM` with seeded random weights in float32. Both take well under a second.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    "Thought:\nI should look around first.\n\nAction:\nlook around",
+    "Thought:\nThe key is on the table.\n\nAction:\npick up key",
+    "Action:\ngo to red ball 1\nAction:\nopen door\nAction:\ntoggle and go through door",
+    "Invalid action. Nothing happens. You see a red ball, a blue key and a door.",
+    "Plan ahead: list the next 3 actions you will take, starting with the action you take right now, "
+    "one action per line. Next action?",
+    "get 1 bone; craft 4 stick using 2 oak planks; inventory; move forward; turn left; turn right",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    hf.chat_template = CHATML_TEMPLATE
+    return hf
+
+
+def tiny_model(vocab_size: int, seed: int = 0, layers: int = 2) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).float().eval()
+    # Default init is std 0.02: logits are then almost uniform, and every KL is ~0. Larger weights make
+    # the model's output depend visibly on its context.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+def hf_logits_fn(model):
+    """Adapter: a HF causal LM as `logits_fn(sequences, attention_mask, position_ids) -> logits` (float32)."""
+
+    @torch.no_grad()
+    def logits_fn(sequences, attention_mask, position_ids):
+        return model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids).logits.float()
+
+    return logits_fn
+
+
+def agent_response(tokenizer, observations, actions, reward=0.0) -> dict:
+    """What OpenRLHF's `MultiTurnAgentExecutor.execute` returns for a ChatML conversation: the first
+    observation as the chat-formatted prompt, each action's tokens ending with <|im_end|>, and each
+    observation after it wrapped in the template's turn markers. ``len(observations) == len(actions) + 1``
+    (the last observation is the feedback to the last action)."""
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    tokens = enc(tokenizer.apply_chat_template([{"role": "user", "content": observations[0]}], tokenize=False,
+                                               add_generation_prompt=True))
+    ranges = []
+    for action, feedback in zip(actions, observations[1:]):
+        start = len(tokens)
+        tokens += enc(action) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        ranges.append((start, len(tokens)))
+        tokens += enc(f"\n<|im_start|>user\n{feedback}<|im_end|>\n<|im_start|>assistant\n")
+    return {
+        "prompt": observations[0], "label": "", "observation_tokens": tokens, "action_ranges": ranges,
+        "reward": reward, "scores": reward, "rollout_log_probs": None, "truncated": False, "extra_logs": {},
+    }
+
+
+def to_experience(response: dict, max_len: int = 4096):
+    """OpenRLHF's own response -> Experience conversion (SamplesGenerator._process_response_into_experience)."""
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    return object.__new__(SamplesGenerator)._process_response_into_experience(response, max_len=max_len)
