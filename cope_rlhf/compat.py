@@ -10,7 +10,10 @@ Contract:
 - otherwise, ``import flash_attn`` yields the *real installed* package with its ``__path__``, so
   ``flash_attn.bert_padding`` etc. load from the installed files, but without running the package
   ``__init__`` (the only file that touches the CUDA kernels). Names that ``__init__`` would have exported
-  (``flash_attn_func``, ...) are absent, so code that needs the kernels still fails loudly.
+  (``flash_attn_func``, ...) are absent, so code that needs the kernels still fails loudly;
+- there, ``flash_attn.ops.triton.*`` (Triton GPU kernels) raises ImportError: it would import, then crash
+  when called. OpenRLHF's ``log_probs_from_logits`` tries it for float32 logits and falls back to pure torch
+  on ImportError, which is what a CPU host needs.
 
 The fix is a ``sys.meta_path`` finder that costs nothing until ``flash_attn`` is imported (it imports
 neither torch nor flash_attn itself). Ray worker processes start fresh interpreters, so they need it too:
@@ -47,8 +50,16 @@ class _InitlessPackageLoader(importlib.abc.Loader):
         pass
 
 
+GPU_ONLY_PREFIX = "flash_attn.ops.triton"
+
+
 class _FlashAttnCPUFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
+        if fullname == GPU_ONLY_PREFIX or fullname.startswith(GPU_ONLY_PREFIX + "."):
+            if cuda_kernels_present():
+                return None
+            raise ImportError(f"{fullname} holds Triton GPU kernels; this host has no CUDA build of flash-attn "
+                              "(cope_rlhf.compat blocks it so that callers take their CPU fallback)")
         if fullname != "flash_attn":
             return None
         real = importlib.machinery.PathFinder.find_spec(fullname, path)

@@ -78,6 +78,7 @@ else
   echo "import cope_rlhf.compat" > "$SITE/cope_rlhf_compat.pth"
   step "check that the stack imports" stack_imports
   echo "$want_stamp" > "$STAMP"
+  echo "[setup] trainer venv: $VENV ($(du -sh "$VENV" | cut -f1))"
 fi
 
 # Environment servers, each in its own venv (their packages conflict with the trainer's or with each other).
@@ -100,4 +101,4 @@ if [[ "${COPE_ENV_SERVERS:-}" != none ]]; then
   done
 fi
 
-echo "[setup] finished in $((SECONDS - T_ALL)) s; trainer venv: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"
+echo "[setup] finished in $((SECONDS - T_ALL)) s"

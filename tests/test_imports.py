@@ -77,6 +77,20 @@ def test_flash_attn_serves_real_files_without_cuda_init():
     assert unpadded.shape == (6, 3) and indices.tolist() == [0, 1, 4, 5, 6, 7]
 
 
+def test_openrlhf_log_probs_take_the_cpu_path():
+    """On CPU the Triton cross-entropy must be unimportable, so OpenRLHF falls back to pure torch."""
+    import torch
+    from openrlhf.models.utils import log_probs_from_logits
+
+    if cuda_host():
+        pytest.skip("CUDA host: the Triton kernel is OpenRLHF's normal path")
+    with pytest.raises(ImportError, match="Triton GPU kernels"):
+        import flash_attn.ops.triton.cross_entropy  # noqa: F401
+    logits, labels = torch.randn(2, 5, 11), torch.randint(0, 11, (2, 5))
+    expected = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(log_probs_from_logits(logits.clone(), labels), expected)
+
+
 def test_vllm_imports_and_reports_platform():
     import vllm  # noqa: F401
     from vllm.platforms import current_platform

@@ -1,0 +1,225 @@
+"""Actor-side CoPE additions: subclasses of OpenRLHF's Ray actor classes (installed by ``cope_rlhf.patch``).
+
+In the PPO loss, per micro-batch (``CoPEActorPPOTrainer.training_step``, around OpenRLHF's own method):
+
+    loss = OpenRLHF's loss (PPO + KL + entropy ...)  +  lambda_step * L_TE
+    L_TE = mean over the micro-batch's covered action tokens of sum_v [q - p - p log(q/p)],  p = pi_theta
+    q    = temporal_ensemble.mixture_target(pi_frozen, members, eta),  lambda_step = te_lambda(config, step)
+
+Members come with the experience (``info[TE_KEY]``, built by ``CoPEExperienceMaker``). pi_frozen is taken
+as the micro-batch's own logits, detached: it equals the pre-update policy exactly in the usual GRPO set-up
+of one optimizer step per rollout batch (train batch = rollout batch x n, one epoch), and is the current
+policy's stop-gradient otherwise (shipping the frozen full-vocabulary distribution would cost
+covered tokens x vocabulary floats per sample). With lambda 0 the KL is computed without gradient, for the log.
+The loss is added by wrapping ``actor_loss_fn`` for the duration of the call; ``policy_loss`` in the log keeps
+OpenRLHF's meaning (the TE term is logged as ``cope/te_kl``).
+
+After the PPO update (``ppo_train``), one supervised pass over this rank's forecast samples
+(``info[FORECAST_KEY]``, taken out of the experiences in ``CoPEPolicyModelActor.append``), with its own
+optimizer step:
+
+    L_AF = ACTION_FORECAST_COEF * sum_i w_i sum_target -log pi_theta(y | prefix) / N_target
+
+N_target is summed over all data-parallel ranks; every rank runs the same number of micro-batches.
+
+Remote methods for the experience maker (no gradient, pre-update weights): ``cope_info_gain`` (per-token
+intrinsic reward of the masked-feedback counterfactual) and ``cope_te_members`` (top-M forecast members).
+All logits here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence
+
+import ray
+import torch
+from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.forecast import ForecastSample, collate_forecast_samples, forecast_nll
+from cope_rlhf.info_gain import info_gain_rewards, position_ids_for
+from cope_rlhf.temporal_ensemble import collect_members, mixture_target, te_kl, te_lambda
+from cope_rlhf.turns import Turn
+
+FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
+TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+class CoPEActorMethods:
+    """Methods that need only ``self.actor`` (OpenRLHF ``Actor``) and ``self.strategy``: shared by the Ray
+    policy actor and the CPU stand-in used in tests."""
+
+    def _cope_logits(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0) -> torch.Tensor:
+        device = _device(self.actor.model)
+        out = self.actor.model(
+            input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device),
+            logits_to_keep=logits_to_keep,
+        )
+        return out["logits"].float() / getattr(self.actor, "temperature", 1.0)
+
+    @torch.no_grad()
+    def cope_info_gain(self, sequences, attention_mask, action_mask):
+        """(per-token intrinsic reward (B, A) on CPU, metrics) for one batch."""
+        config = CoPEConfig.from_args(self.strategy.args)
+        was_training = self.actor.training
+        self.actor.eval()
+        try:
+            rewards, _, metrics = info_gain_rewards(
+                lambda s, a, p: self._cope_logits(s, a, p), sequences, attention_mask, action_mask,
+                probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
+            )
+        finally:
+            self.actor.train(was_training)
+        return rewards.cpu(), metrics
+
+    @torch.no_grad()
+    def cope_te_members(self, samples: List[ForecastSample], tokens: List[int], turns: List[Turn]):
+        """Top-M members of one trajectory's action tokens, from its own forecast samples."""
+        was_training = self.actor.training
+        self.actor.eval()
+        try:
+            trimmed, logits = [], []
+            for s in samples:
+                later = [slot for slot in s.slots if slot[0] > s.turn]
+                if not later:
+                    continue
+                # Only the logits predicting later slots are read: cut after the last, keep from the first.
+                first, end = min(slot[1] for slot in later) - 1, max(slot[2] for slot in later)
+                ids = torch.tensor([s.input_ids[:end]])
+                mask = torch.ones_like(ids)
+                logits.append(self._cope_logits(ids, mask, position_ids_for(mask), logits_to_keep=end - first)[0].cpu())
+                trimmed.append(dataclasses.replace(
+                    s, input_ids=s.input_ids[first:end], slots=[(t, a - first, b - first) for t, a, b in later]
+                ))
+            trajectory = {s.row: (tokens, turns) for s in samples}
+            targets, probs, ids, valid, metrics = collect_members(trimmed, logits, trajectory)
+        finally:
+            self.actor.train(was_training)
+        positions = torch.tensor([pos for _, pos in targets], dtype=torch.long)
+        return {"positions": positions, "probs": probs, "ids": ids, "valid": valid}, metrics
+
+
+class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
+    @property
+    def cope(self) -> CoPEConfig:
+        if "_cope" not in self.__dict__:
+            self._cope = CoPEConfig.from_args(self.args)
+        return self._cope
+
+    def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict] = None):
+        members = experience.info.pop(TE_KEY, None)
+        if members is None or not self.cope.te_enable:
+            return super().training_step(experience, kl_ctl, step, loss_batch_info)
+        lam = te_lambda(self.cope, getattr(self, "cope_updates", 0))
+        captured = {}
+        hook = self.actor.register_forward_hook(lambda module, args, out: captured.update(out=out))
+        ppo_loss_fn = self.actor_loss_fn
+
+        def loss_with_te(*args, **kwargs):
+            actor_loss, *rest = ppo_loss_fn(*args, **kwargs)
+            _, output = captured.pop("out")
+            with torch.set_grad_enabled(lam > 0):
+                kl = self._te_kl(output["logits"], members)
+            experience.info["cope/te_kl"] = kl.detach()
+            captured["te"] = lam * kl
+            return (actor_loss + captured["te"], *rest)
+
+        self.actor_loss_fn = loss_with_te
+        try:
+            status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+        finally:
+            hook.remove()
+            self.actor_loss_fn = ppo_loss_fn
+        if "te" in captured:
+            status["metrics"]["policy_loss"] = status["metrics"]["policy_loss"] - captured["te"].detach()
+        return status
+
+    def _te_kl(self, logits: torch.Tensor, members: Sequence[dict]) -> torch.Tensor:
+        """Mean KL(pi_theta || q) over covered tokens; ``logits`` (B, T, V) of the training forward."""
+        rows = torch.cat([torch.full_like(m["positions"], b) for b, m in enumerate(members)]).to(logits.device)
+        positions = torch.cat([m["positions"] for m in members]).to(logits.device)
+        if positions.numel() == 0:
+            return logits.sum() * 0.0
+        width = max(m["probs"].shape[1] for m in members)
+
+        def stack(key):  # members of all rows, padded to the widest member count
+            return torch.cat([torch.nn.functional.pad(m[key], (0, 0) * (m[key].dim() - 2) + (0, width - m[key].shape[1]))
+                              for m in members]).to(logits.device)
+
+        policy = logits[rows, positions - 1]  # the logits that predict the covered token
+        q = mixture_target(policy.detach(), stack("probs"), stack("ids"), stack("valid"), self.cope.te_eta)
+        return te_kl(policy, q).mean()
+
+    def ppo_train(self, kl_ctl: float):
+        status = super().ppo_train(kl_ctl)
+        self.cope_updates = getattr(self, "cope_updates", 0) + 1
+        if self.cope.action_forecast_enable:
+            status.update(self.cope_forecast_step())
+        return status
+
+    def take_forecast_samples(self, experience) -> None:
+        per_sample = experience.info.pop(FORECAST_KEY, None)
+        if per_sample is not None:
+            self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in per_sample for s in row)
+
+    def cope_forecast_step(self) -> Dict[str, float]:
+        """One optimizer step on L_AF over this rank's forecast samples (then forgets them).
+
+        DeepSpeed steps the optimizer every ``gas`` micro-steps: the samples are cut into exactly ``gas``
+        micro-batches (empty ones run on a zero-weight stand-in sample), the same on every rank, so there is
+        one optimizer step and the PPO accumulation count stays aligned."""
+        samples = self.__dict__.pop("cope_forecast_samples", [])
+        engine = self.actor.model
+        gas = engine.gradient_accumulation_steps() if hasattr(engine, "gradient_accumulation_steps") else 1
+        counts = torch.tensor([float(len(samples)), float(sum(sum(s.loss_mask[1:]) for s in samples))])
+        dp_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1  # DP only (CLI)
+        if dp_size > 1:
+            counts = torch.stack([self.strategy.all_reduce(counts[0], "max"), self.strategy.all_reduce(counts[1], "sum")])
+        most, n_target = int(counts[0]), float(counts[1])
+        if most == 0 or n_target == 0:
+            return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0}
+        chunk = -(-most // gas)
+        pad = getattr(self.tokenizer, "pad_token_id", None) or 0
+        # The forecast step takes the current learning rate and leaves the PPO schedule where it is.
+        schedule = getattr(engine, "lr_scheduler", None)
+        if schedule is not None:
+            engine.lr_scheduler = None
+        self.actor.train()
+        total = 0.0
+        try:
+            for c in range(gas):
+                part = samples[c * chunk : (c + 1) * chunk]
+                real = bool(part)
+                part = part or [ForecastSample([pad, pad], [0, 1], row=-1, turn=0, weight=0.0)]
+                ids, attn, mask, weights = collate_forecast_samples(part, pad)
+                first = int(mask[:, 1:].nonzero()[:, 1].min()) + 1
+                keep = ids.shape[1] - first + 1  # logits from the position before the first target token on
+                logits = self._cope_logits(ids, attn, position_ids_for(attn), logits_to_keep=keep)
+                dev = logits.device
+                nll = forecast_nll(logits, ids[:, -keep:].to(dev), mask[:, -keep:].to(dev), weights.to(dev),
+                                   self.cope.action_forecast_coef)
+                # forecast_nll is a mean over this chunk's targets: rescale it to the mean over all ranks'
+                # targets, and undo DeepSpeed's 1/gas and its average over ranks.
+                share = nll * (float(mask[:, 1:].sum()) / n_target) if real else nll * 0.0
+                self.strategy.backward(share * dp_size * gas, self.actor, self.actor_optim)
+                self.strategy.optimizer_step(self.actor_optim, self.actor, None, name="actor")
+                total += float(share.detach())
+        finally:
+            if schedule is not None:
+                engine.lr_scheduler = schedule
+        stats = torch.tensor([total, float(len(samples))])
+        if dp_size > 1:
+            stats = torch.stack([self.strategy.all_reduce(stats[0], "sum"), self.strategy.all_reduce(stats[1], "sum")])
+        return {"cope/forecast_loss": float(stats[0]), "cope/forecast_samples_trained": float(stats[1])}
+
+
+@ray.remote(num_gpus=1)
+class CoPEPolicyModelActor(CoPEActorMethods, PolicyModelActor.__ray_actor_class__):
+    def append(self, experience):
+        self.trainer.take_forecast_samples(experience)
+        super().append(experience)

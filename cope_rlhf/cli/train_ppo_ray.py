@@ -1,0 +1,111 @@
+"""``python -m cope_rlhf.cli.train_ppo_ray``: OpenRLHF's ``train_ppo_ray`` CLI plus the ``--cope.*`` group.
+
+OpenRLHF builds its parser inside ``if __name__ == "__main__":``, so it cannot be imported. We run that module
+as ``__main__`` (``runpy``) with ``argparse.ArgumentParser.parse_args`` wrapped for the duration:
+
+- ``main``: the wrapper adds the CoPE group (``config.add_cope_args``, environment-variable defaults) to
+  OpenRLHF's parser, parses, and checks the combination; OpenRLHF's own post-processing and ``train(args)``
+  then run unchanged. ``hierarchize`` turns ``cope.x`` into ``args.cope.x``; ``strategy.args`` travels to
+  every Ray worker, where the CoPE classes read it. Before that, ``patch.apply()`` installs the CoPE classes
+  here, and ``ray.init`` (called by OpenRLHF's ``train``) is wrapped to add ``patch.install`` as the
+  workers' setup hook, keeping OpenRLHF's ``env_vars``.
+- ``build_parser``: the wrapper captures the parser and stops (for tests and tools).
+
+Every error in a CoPE value, environment variable or combination exits with code 2 and says what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from typing import List, Optional
+
+import ray
+
+from cope_rlhf import patch
+from cope_rlhf.config import CoPEConfig, add_cope_args
+
+OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
+
+
+class _ParserCaptured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
+
+
+def _run_openrlhf_cli(parse_args) -> None:
+    original = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = parse_args
+    try:
+        runpy.run_module(OPENRLHF_CLI, run_name="__main__", alter_sys=False)
+    finally:
+        argparse.ArgumentParser.parse_args = original
+
+
+def _with_cope_group(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    add_cope_args(parser)  # a bad environment variable exits here, through parser.error
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """OpenRLHF's ``train_ppo_ray`` parser with the ``--cope.*`` group; runs nothing else."""
+
+    def capture(self, args=None, namespace=None):
+        raise _ParserCaptured(self)
+
+    try:
+        _run_openrlhf_cli(capture)
+    except _ParserCaptured as captured:
+        return _with_cope_group(captured.parser)
+    raise RuntimeError(f"{OPENRLHF_CLI} did not build an argument parser")
+
+
+def combination_error(args: argparse.Namespace) -> Optional[str]:
+    """Why these (flat, parsed) args cannot run CoPE, or None."""
+    config = CoPEConfig.from_args(args)
+    if not config.any_enabled:
+        return None
+    on = [name for name, enabled in (
+        ("--cope.action_forecast_enable", config.action_forecast_enable), ("--cope.te_enable", config.te_enable),
+        ("--cope.info_intrinsic_weight", config.info_gain_enable),
+        ("--cope.grpo_filter_degenerate", config.grpo_filter_degenerate)) if enabled]
+    estimator = getattr(args, "algo.advantage.estimator", None)
+    if estimator != "group_norm":
+        return (f"the CoPE signals ({', '.join(on)}) are defined on GRPO advantages; got --algo.advantage.estimator "
+                f"{estimator}: use --algo.advantage.estimator group_norm, or turn the CoPE signals off")
+    turn_based = [flag for flag in on if flag != "--cope.grpo_filter_degenerate"]
+    if turn_based and not getattr(args, "train.agent_func_path", None):
+        return (f"the CoPE signals ({', '.join(turn_based)}) need multi-turn samples from an agent: pass "
+                "--train.agent_func_path (an OpenRLHF agent_func module)")
+    if turn_based and getattr(args, "ds.ring_attn_size", 1) > 1:
+        return f"the CoPE signals ({', '.join(turn_based)}) do not support ring attention yet: use --ds.ring_attn_size 1"
+    if config.action_forecast_enable and getattr(args, "ds.tensor_parallel_size", 1) > 1:
+        return "--cope.action_forecast_enable does not support tensor parallelism yet: use --ds.tensor_parallel_size 1"
+    if config.te_enable and getattr(args, "ds.packing_samples", False):
+        return "--cope.te_enable does not support --ds.packing_samples yet: drop --ds.packing_samples"
+    return None
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_with_cope(self, args=None, namespace=None):
+        parsed = original(_with_cope_group(self), argv if args is None else args, namespace)
+        problem = combination_error(parsed)
+        if problem:
+            self.error(problem)
+        return parsed
+
+    patch.apply()
+    ray_init = ray.init
+    ray.init = patch.ray_init_with_hook(ray_init)
+    try:
+        _run_openrlhf_cli(parse_with_cope)
+    finally:
+        ray.init = ray_init
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""``CoPEExperienceMaker``: OpenRLHF's ``RemoteExperienceMaker`` plus the CoPE signals, added after it.
+
+``make_experience_batch`` = OpenRLHF's own (split, actor/ref forwards, GRPO advantages), then, each only when
+its switch is on, in this order:
+
+1. forecast samples (``ACTION_FORECAST_ENABLE``): gate, weigh and build them for the kept trajectories
+   (``forecast.forecast_samples_from_experiences``); each sample's list goes into ``info[FORECAST_KEY]``,
+   which ``CoPEPolicyModelActor.append`` takes out before the replay buffer. Built before the filter, so that
+   groups where every trajectory won still teach the forecast.
+2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups``.
+3. information gain (``INFO_INTRINSIC_WEIGHT > 0``): the counterfactual forwards run on the actor group
+   (``cope_info_gain``, batched like OpenRLHF's forwards, no gradient, pre-update weights); then
+   ``A = A_GRPO + beta_g * Â_intr`` by ``advantage.add_info_gated_advantage``.
+4. temporal-ensemble members (``TE_ENABLE``): every trajectory's forecast samples are run on the actor group
+   (``cope_te_members``, one trajectory per call); the top-M members of each covered action token go into
+   ``info[TE_KEY]`` (positions, probs, ids, valid), read by ``CoPEActorPPOTrainer.training_step``.
+
+Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/filtered_frac``,
+``cope/info_reward_mean``, ``cope/info_beta_mean``, ``cope/info_turns_scored``, ``cope/forecast_samples``,
+``cope/forecast_kept_frac``, ``cope/te_slots``, ``cope/te_slot_coverage``): OpenRLHF's actor averages every
+per-sample ``info`` tensor into its status, which reaches TensorBoard. With every switch off this is exactly
+OpenRLHF's method.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import ray
+import torch
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+from cope_rlhf.actor import FORECAST_KEY, TE_KEY
+from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
+from cope_rlhf.turns import Turn, turn_spans
+
+
+def trajectories(experiences) -> Dict[int, Tuple[List[int], List[Turn]]]:
+    """Rollout position -> (unpadded token ids, turns in those coordinates)."""
+    out = {}
+    for e in experiences:
+        spans = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)
+        for b, position in enumerate(e.index):
+            valid = e.attention_mask[b].bool()
+            first = int(valid.nonzero()[0]) if valid.any() else 0
+            out[position] = (e.sequences[b][valid].tolist(), [Turn(*(x - first for x in t)) for t in spans[b]])
+    return out
+
+
+class CoPEExperienceMaker(RemoteExperienceMaker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cope = CoPEConfig.from_args(self.args)
+
+    @torch.no_grad()
+    def make_experience_batch(self, rollout_samples):
+        experiences = super().make_experience_batch(rollout_samples)
+        if not self.cope.any_enabled:
+            return experiences
+        n = self.args.rollout.n_samples_per_prompt
+        metrics: Dict[str, float] = {}
+        if self.cope.action_forecast_enable:
+            samples, found = forecast_samples_from_experiences(experiences, self.tokenizer, self.cope, n)
+            metrics.update(found)
+            by_row: Dict[int, list] = {}
+            for s in samples:
+                by_row.setdefault(s.row, []).append(s)
+            for e in experiences:
+                e.info[FORECAST_KEY] = [by_row.get(position, []) for position in e.index]
+        if self.cope.grpo_filter_degenerate:
+            metrics.update(filter_degenerate_groups(experiences, n))
+        if self.cope.info_gain_enable:
+            intrinsic, found = self._info_gain(experiences)
+            metrics.update(found)
+            metrics.update(add_info_gated_advantage(
+                experiences, intrinsic, n, self.cope.info_intrinsic_weight, self.cope.info_gate_temp
+            ))
+        if self.cope.te_enable:
+            metrics.update(self._te_members(experiences))
+        for e in experiences:
+            for key, value in metrics.items():
+                e.info[key] = torch.full((len(e.index),), float(value))
+        return experiences
+
+    def _run_on_actors(self, method_name: str, **batched) -> list:
+        args = self.strategy.args
+        refs = self.actor_model_group.async_run_method_batch(method_name=method_name, **batched)
+        results = self._flatten_results(refs, args.ds.ring_attn_size * args.ds.tensor_parallel_size)
+        if args.train.colocate_all or args.train.colocate_actor_ref:
+            ray.get(self.actor_model_group.async_run_method(method_name="empty_cache"))
+        return results
+
+    def _info_gain(self, experiences) -> Tuple[List[torch.Tensor], Dict[str, float]]:
+        results = self._run_on_actors(
+            "cope_info_gain",
+            sequences=[e.sequences for e in experiences],
+            attention_mask=[e.attention_mask for e in experiences],
+            action_mask=[e.action_mask for e in experiences],
+        )
+        scored = sum(m["cope/info_turns_scored"] for _, m in results)
+        return [r for r, _ in results], {"cope/info_turns_scored": scored}
+
+    def _te_members(self, experiences) -> Dict[str, float]:
+        rows = trajectories(experiences)
+        positions = sorted(rows)
+        samples = [
+            build_forecast_samples(rows[p][0], rows[p][1], self.tokenizer, self.cope.action_forecast_k,
+                                   self.cope.action_forecast_layout, self.cope.action_forecast_skip_invalid, row=p)
+            for p in positions
+        ]
+        results = self._run_on_actors(
+            "cope_te_members", samples=samples, tokens=[rows[p][0] for p in positions],
+            turns=[rows[p][1] for p in positions],
+        )
+        members = {p: r for p, (r, _) in zip(positions, results)}
+        for e in experiences:
+            e.info[TE_KEY] = [members[p] for p in e.index]
+        slots = sum(m["cope/te_slots"] for _, m in results)
+        covered = sum(m["cope/te_slots"] * m["cope/te_slot_coverage"] for _, m in results)
+        return {"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0}

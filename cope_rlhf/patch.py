@@ -1,0 +1,124 @@
+"""Install the CoPE subclasses into OpenRLHF, in this process and in every Ray worker process.
+
+Swaps (module global -> CoPE subclass), made right after the OpenRLHF module is imported:
+
+    openrlhf.trainer.ppo_trainer.RemoteExperienceMaker -> cope_rlhf.experience_maker.CoPEExperienceMaker
+    openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer     -> cope_rlhf.actor.CoPEActorPPOTrainer
+    openrlhf.trainer.ray.ppo_actor.PolicyModelActor    -> cope_rlhf.actor.CoPEPolicyModelActor
+
+OpenRLHF builds these classes from those module globals: the experience maker in ``BasePPOTrainer.__init__``
+(inside the PPOTrainer Ray actor), the PPO trainer in ``PolicyModelActor.init_model_from_pretrained`` (inside
+each actor worker), the actor class in ``train()`` (driver). Ray workers import OpenRLHF afresh, so a swap
+made in the driver does not reach them: ``install`` is also the Ray ``worker_process_setup_hook``
+(``ray_init_with_hook`` adds it to OpenRLHF's own ``ray.init`` call). ``install`` only registers a post-import
+hook (it imports nothing from OpenRLHF), so workers that never import those modules pay nothing.
+
+The subclasses read their switches from ``strategy.args.cope``; with every switch off (or no ``cope``
+namespace at all) each override returns what OpenRLHF's own method returns. ``install`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+from typing import Callable, Dict, Tuple
+
+from cope_rlhf import compat
+
+WORKER_SETUP_HOOK = "cope_rlhf.patch.install"
+
+
+# OpenRLHF module -> (CoPE module, {name in the OpenRLHF module: name of the CoPE class})
+SWAPS: Dict[str, Tuple[str, Dict[str, str]]] = {
+    "openrlhf.trainer.ppo_trainer": ("cope_rlhf.experience_maker", {"RemoteExperienceMaker": "CoPEExperienceMaker"}),
+    "openrlhf.trainer.ray.ppo_actor": (
+        "cope_rlhf.actor", {"ActorPPOTrainer": "CoPEActorPPOTrainer", "PolicyModelActor": "CoPEPolicyModelActor"}
+    ),
+}
+_AFTER_IMPORT = {**{name: name for name in SWAPS}, **{cope: name for name, (cope, _) in SWAPS.items()}}
+
+
+def _initializing(module) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _swap(openrlhf_name: str) -> None:
+    """Swap once both sides are fully imported. The CoPE module imports the OpenRLHF one, so when that import
+    comes first from inside the CoPE module, the swap waits for the CoPE module's own post-import hook."""
+    module = sys.modules.get(openrlhf_name)
+    if module is None or _initializing(module):
+        return
+    cope_name, names = SWAPS[openrlhf_name]
+    cope = sys.modules.get(cope_name)
+    if cope is not None and _initializing(cope):
+        return
+    cope = importlib.import_module(cope_name)
+    for name, cope_class in names.items():
+        setattr(module, name, getattr(cope, cope_class))
+
+
+class _SwapAfterExec(importlib.abc.Loader):
+    """Runs the real loader, then the swap (a post-import hook). Other attributes (get_source, ...) go to the
+    real loader."""
+
+    def __init__(self, loader, openrlhf_name: str):
+        self._loader, self._openrlhf_name = loader, openrlhf_name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        module.__spec__._initializing = False  # exec is done; importlib clears the flag only after we return
+        _swap(self._openrlhf_name)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _AFTER_IMPORT:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _SwapAfterExec(spec.loader, _AFTER_IMPORT[fullname])
+                return spec
+        return None
+
+
+def install() -> None:
+    """Idempotent. Also the Ray ``worker_process_setup_hook`` (with the CPU import fix of ``compat``)."""
+    compat.install()
+    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportFinder())
+    for name in SWAPS:  # modules imported before install() get their swap now
+        _swap(name)
+
+
+def apply() -> None:
+    """Driver side: install here; workers get ``install`` through ``ray_init_with_hook``."""
+    install()
+
+
+def ray_init_with_hook(ray_init: Callable) -> Callable:
+    """Wraps ``ray.init`` so that its ``runtime_env`` also carries ``WORKER_SETUP_HOOK``; everything else the
+    caller passes (OpenRLHF's ``env_vars``) is kept as is."""
+
+    def init(*args, **kwargs):
+        runtime_env = dict(kwargs.get("runtime_env") or {})
+        existing = runtime_env.get("worker_process_setup_hook")
+        if existing not in (None, WORKER_SETUP_HOOK, compat.RAY_WORKER_SETUP_HOOK):
+            raise RuntimeError(
+                f"runtime_env already sets worker_process_setup_hook={existing!r}; CoPE needs "
+                f"{WORKER_SETUP_HOOK!r} there (call both from one hook function)"
+            )
+        runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
+        kwargs["runtime_env"] = runtime_env
+        return ray_init(*args, **kwargs)
+
+    return init

@@ -1,0 +1,219 @@
+"""Actor-side CoPE additions, run through OpenRLHF's own ActorPPOTrainer.ppo_train / training_step on CPU.
+
+OpenRLHF's DeepSpeed strategy cannot start here (setup_distributed sets a CUDA device), so the trainers get
+a stand-in strategy (plain torch SGD, one rank; tests/ray_cpu_groups.py) and OpenRLHF's own Actor wrapper,
+PolicyLoss and NaiveReplayBuffer. The only CUDA call left on this path, ``torch.cuda.current_device()`` (the
+device ppo_train moves batches to), is pointed at the CPU. Experiences go through the replay buffer
+(split, unpad, collate), so the CoPE fields are also checked to survive it.
+"""
+
+import copy
+
+import pytest
+import torch
+from openrlhf.models import PolicyLoss
+from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
+from openrlhf.trainer.ppo_utils.experience import Experience
+from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+from openrlhf.utils.config import hierarchize
+
+from cope_rlhf.actor import FORECAST_KEY, TE_KEY, CoPEActorMethods, CoPEActorPPOTrainer, CoPEPolicyModelActor
+from cope_rlhf.advantage import grpo_advantages
+from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.experience_maker import trajectories
+from cope_rlhf.forecast import (build_forecast_samples, collate_forecast_samples, forecast_nll,
+                                forecast_samples_from_experiences)
+from cope_rlhf.info_gain import position_ids_for
+from cope_rlhf.temporal_ensemble import mixture_target, te_kl
+from tests.ray_cpu_groups import StandInStrategy, load_actor
+from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
+
+N = 2
+LR = 0.005
+EPISODES = [
+    (["You are in a room. Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens."],
+     ["Thought:\nlook.\n\nAction:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door"]),
+    (["Pick up the key.", "You see a key.", "You see a blue key.", "Done."],
+     ["Action:\nlook around", "Action:\npick key", "Action:\npick up key"]),
+]
+REWARDS = [1.0, 0.0, 0.0, 1.0]
+
+
+def cli_args(*argv):
+    args = hierarchize(build_parser().parse_args(
+        ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(N),
+         "--train.micro_batch_size", "4", "--train.agent_func_path", "agent.py", *argv]))
+    args.actor.eps_clip_low_high = (args.actor.eps_clip, args.actor.eps_clip)  # as OpenRLHF's CLI sets it
+    return args
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tok, tmp_path_factory):
+    path = tmp_path_factory.mktemp("policy")
+    tiny_model(len(tok)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """ppo_train moves batches to torch.cuda.current_device(); here that is the CPU."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+
+
+def make_trainer(cls, args, model_dir, tok, monkeypatch):
+    """An ActorPPOTrainer (or subclass) as PolicyModelActor would build it, minus DeepSpeed and CUDA."""
+    trainer = object.__new__(cls)
+    trainer.strategy, trainer.args, trainer.tokenizer = StandInStrategy(args), args, tok
+    trainer.actor = load_actor(model_dir).train()
+    trainer.actor_optim = torch.optim.SGD(trainer.actor.parameters(), lr=LR)
+    trainer.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.actor_optim, lambda step: 1.0)
+    trainer.ema_model, trainer.aux_loss, trainer.max_epochs = None, False, 1
+    trainer.micro_train_batch_size, trainer.dataloader_pin_memory = args.train.micro_batch_size, False
+    trainer.actor_loss_fn = PolicyLoss(
+        clip_eps_low=args.actor.eps_clip_low_high[0], clip_eps_high=args.actor.eps_clip_low_high[1],
+        dual_clip=args.actor.dual_clip, token_level_loss=args.actor.loss_agg_mode == "token-mean",
+        policy_loss_type=args.actor.policy_loss_type,
+    )
+    with monkeypatch.context() as m:  # the buffer only records a CUDA device name at construction
+        m.setattr(torch.cuda, "current_device", lambda: 0)
+        trainer.replay_buffer = NaiveReplayBuffer(args.train.micro_batch_size, 0, True, False, False)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def batch(tok, model_dir):
+    """Four multi-turn trajectories (2 prompts x 2) with GRPO advantages and rollout log-probs."""
+    e = Experience.concat_experiences(
+        [to_experience(agent_response(tok, *EPISODES[i // N], reward=r)) for i, r in enumerate(REWARDS)],
+        tok.pad_token_id,
+    )
+    e.index = list(range(len(REWARDS)))
+    e.kl = torch.zeros(e.action_mask.shape)
+    grpo_advantages([e], N)
+    with torch.no_grad():
+        e.action_log_probs = load_actor(model_dir)(e.sequences, e.action_mask, e.attention_mask)
+    return e
+
+
+def te_members(batch, model_dir, tok, args):
+    holder = object.__new__(CoPEActorMethods)
+    holder.actor, holder.strategy = load_actor(model_dir).eval(), StandInStrategy(args)
+    rows = trajectories([batch])
+    config = CoPEConfig.from_args(args)
+    return [holder.cope_te_members(build_forecast_samples(*rows[p], tok, config.action_forecast_k, row=p), *rows[p])[0]
+            for p in batch.index]
+
+
+def train_once(trainer, experience):
+    """PolicyModelActor.append (the CoPE one for CoPE trainers), then ppo_train, as PolicyModelActor.fit does."""
+    torch.manual_seed(0)  # the replay buffer's DataLoader shuffles
+    if isinstance(trainer, CoPEActorPPOTrainer):
+        actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+        actor.trainer = trainer
+        actor.append(copy.deepcopy(experience))
+    else:
+        trainer.replay_buffer.append(copy.deepcopy(experience))
+    status = trainer.ppo_train(kl_ctl=0.0)
+    trainer.replay_buffer.clear()
+    return status
+
+
+def params(trainer):
+    return {k: v.detach().clone() for k, v in trainer.actor.state_dict().items()}
+
+
+def test_flags_off_bit_identical(batch, model_dir, tok, monkeypatch, on_cpu):
+    args = cli_args()
+    stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    before = params(stock)
+    stock_status, cope_status = train_once(stock, batch), train_once(cope, batch)
+    after = params(stock)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the step did move the weights
+    assert all(torch.equal(after[k], v) for k, v in params(cope).items())
+    assert stock_status == cope_status
+
+
+def kl_to_q(actor, batch, members, eta):
+    """Reference: mean KL(pi || q) over covered tokens, q from the *given* frozen logits per row."""
+    kls = []
+    with torch.no_grad():
+        for b, m in enumerate(members):
+            length = int(batch.attention_mask[b].sum())
+            logits = actor.model(input_ids=batch.sequences[b : b + 1, :length]).logits[0].float()
+            policy = logits[m["positions"] - 1]
+            kls.append((policy, m))
+    return kls
+
+
+def te_reference(policy_logits_rows, frozen_rows, eta):
+    values = []
+    for (policy, m), (frozen, _) in zip(policy_logits_rows, frozen_rows):
+        q = mixture_target(frozen, m["probs"], m["ids"], m["valid"], eta)
+        values.append(te_kl(policy, q))
+    return torch.cat(values).mean()
+
+
+def test_te_term_pulls_policy_toward_q(batch, model_dir, tok, monkeypatch, on_cpu):
+    args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0")
+    experience = copy.deepcopy(batch)
+    members = te_members(batch, model_dir, tok, args)
+    assert sum(len(m["positions"]) for m in members) > 0
+    experience.info[TE_KEY] = members
+    stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    frozen = kl_to_q(cope.actor, batch, members, 0.5)
+    expected_kl = te_reference(frozen, frozen, 0.5)
+    stock_status = train_once(stock, batch)
+    status = train_once(cope, experience)
+    assert status["cope/te_kl"] == pytest.approx(float(expected_kl), rel=1e-4)
+    assert status["policy_loss"] == pytest.approx(stock_status["policy_loss"], rel=1e-5, abs=1e-7)
+    kl_stock = te_reference(kl_to_q(stock.actor, batch, members, 0.5), frozen, 0.5)
+    kl_cope = te_reference(kl_to_q(cope.actor, batch, members, 0.5), frozen, 0.5)
+    assert kl_cope < kl_stock  # the TE term moved the policy toward q beyond what PPO alone did
+
+
+def test_te_lambda_zero_is_diagnostic_only(batch, model_dir, tok, monkeypatch, on_cpu):
+    args = cli_args("--cope.te_enable", "--cope.te_lambda", "0")
+    experience = copy.deepcopy(batch)
+    experience.info[TE_KEY] = te_members(batch, model_dir, tok, args)
+    stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    train_once(stock, batch)
+    status = train_once(cope, experience)
+    assert status["cope/te_kl"] > 0
+    assert all(torch.equal(v, params(cope)[k]) for k, v in params(stock).items())
+
+
+def forecast_loss_of(actor, samples, tok, coef=1.0):
+    ids, attn, mask, weights = collate_forecast_samples(samples, tok.pad_token_id)
+    with torch.no_grad():
+        logits = actor.model(input_ids=ids, attention_mask=attn, position_ids=position_ids_for(attn)).logits
+    return float(forecast_nll(logits, ids, mask, weights, coef))
+
+
+def test_forecast_pass_lowers_forecast_nll(batch, model_dir, tok, monkeypatch, on_cpu):
+    args = cli_args("--cope.action_forecast_enable", "--cope.action_forecast_gate", "all",
+                    "--cope.action_forecast_coef", "1.0")
+    samples, _ = forecast_samples_from_experiences([copy.deepcopy(batch)], tok, CoPEConfig.from_args(args), N)
+    assert len(samples) >= 4
+    experience = copy.deepcopy(batch)
+    experience.info[FORECAST_KEY] = [[s for s in samples if s.row == p] for p in experience.index]
+    experience.info["cope/forecast_samples"] = torch.full((4,), float(len(samples)))  # as the maker broadcasts it
+    stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    train_once(stock, batch)  # the PPO step alone: the weights the forecast pass starts from
+    status = train_once(cope, experience)
+    before, after = forecast_loss_of(stock.actor, samples, tok), forecast_loss_of(cope.actor, samples, tok)
+    assert status["cope/forecast_loss"] == pytest.approx(before, rel=1e-4)
+    assert status["cope/forecast_samples_trained"] == len(samples)
+    assert status["cope/forecast_samples"] == len(samples)  # info metrics reach the status (-> TensorBoard)
+    assert after < before
+    assert not cope.__dict__.get("cope_forecast_samples")  # used once, then dropped

@@ -1,0 +1,115 @@
+"""python -m cope_rlhf.cli.train_ppo_ray: OpenRLHF's arguments plus --cope.*, environment defaults, clear
+exit-2 errors for bad values and bad combinations, and OpenRLHF's own train() reached with args.cope set."""
+
+import dataclasses
+import importlib
+import subprocess
+import sys
+
+import pytest
+import ray
+
+import openrlhf.utils
+from cope_rlhf import patch
+from cope_rlhf.cli import train_ppo_ray as cli
+from cope_rlhf.config import CoPEConfig
+from tests.conftest import ROOT
+
+COPE_FLAGS = [f"--cope.{f.name}" for f in dataclasses.fields(CoPEConfig)]
+GRPO = ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4"]
+AGENT = ["--train.agent_func_path", "agent_funcs/babyai.py"]
+
+
+def run_cli(*argv, timeout=120):
+    return subprocess.run([sys.executable, "-m", "cope_rlhf.cli.train_ppo_ray", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_openrlhf_and_cope_args():
+    done = run_cli("--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for flag in ["--actor.model_name_or_path", "--train.agent_func_path", "--algo.advantage.estimator"] + COPE_FLAGS:
+        assert flag in done.stdout, flag
+
+
+def exit_of(capsys, argv):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    return stopped.value.code, capsys.readouterr().err
+
+
+@pytest.fixture
+def no_patch_left():
+    """main() applies the patch in this process; undo it so that other tests see stock OpenRLHF."""
+    modules = {name: importlib.import_module(name) for name in patch.SWAPS}
+    saved = {(m, n): getattr(modules[m], n) for m, (_, names) in patch.SWAPS.items() for n in names}
+    meta_path = list(sys.meta_path)
+    yield
+    for (m, n), value in saved.items():
+        setattr(modules[m], n, value)
+    sys.meta_path[:] = meta_path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cope.te_enable", "ture"], "--cope.te_enable='ture' is not a boolean"),
+    (["--cope.action_forecast_k", "0"], "--cope.action_forecast_k='0' is out of range"),
+    (["--cope.info_intrinsic_weight", "-1"], "--cope.info_intrinsic_weight='-1' is out of range"),
+    (GRPO + ["--cope.info_intrinsic_weight", "0.1"], "need multi-turn samples from an agent: pass --train.agent_func_path"),
+    (GRPO + ["--cope.action_forecast_enable"], "need multi-turn samples from an agent"),
+    (AGENT + ["--algo.advantage.estimator", "rloo", "--rollout.n_samples_per_prompt", "4",
+              "--cope.grpo_filter_degenerate"], "got --algo.advantage.estimator rloo: use --algo.advantage.estimator group_norm"),
+    (GRPO + AGENT + ["--cope.te_enable", "--ds.packing_samples"], "does not support --ds.packing_samples"),
+])
+def test_bad_values_and_combinations_exit_2(capsys, no_patch_left, argv, message):
+    code, err = exit_of(capsys, argv)
+    assert code == 2 and message in err, err
+
+
+def test_bad_environment_variable_exits_2(capsys, monkeypatch, no_patch_left):
+    monkeypatch.setenv("TE_ETA", "1.5")
+    code, err = exit_of(capsys, GRPO)
+    assert code == 2 and "TE_ETA='1.5' is out of range" in err
+
+
+def test_environment_defaults_and_flags_override(monkeypatch):
+    monkeypatch.setenv("ACTION_FORECAST_K", "5")
+    monkeypatch.setenv("INFO_INTRINSIC_WEIGHT", "0.1")
+    config = CoPEConfig.from_args(cli.build_parser().parse_args(GRPO + AGENT))
+    assert config.action_forecast_k == 5 and config.info_intrinsic_weight == 0.1
+    config = CoPEConfig.from_args(cli.build_parser().parse_args(GRPO + AGENT + ["--cope.action_forecast_k", "2"]))
+    assert config.action_forecast_k == 2 and config.info_intrinsic_weight == 0.1
+
+
+def test_filter_alone_needs_no_agent_func():
+    args = cli.build_parser().parse_args(GRPO + ["--cope.grpo_filter_degenerate"])
+    assert cli.combination_error(args) is None
+    assert cli.combination_error(cli.build_parser().parse_args(["--algo.advantage.estimator", "gae"])) is None
+
+
+class _TrainReached(Exception):
+    def __init__(self, args):
+        self.parsed = args
+
+
+def test_valid_args_reach_openrlhf_train(monkeypatch, no_patch_left):
+    """Up to OpenRLHF's train(): its own validation ran, ray.init got the CoPE worker hook next to OpenRLHF's
+    env_vars, the patch is in place, and args.cope carries the flags. Ray start and the strategy are stand-ins
+    (recording / stopping), as nothing may start here."""
+    started = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))
+
+    def stop_at_strategy(args):
+        raise _TrainReached(args)
+
+    monkeypatch.setattr(openrlhf.utils, "get_strategy", stop_at_strategy)
+    with pytest.raises(_TrainReached) as reached:
+        cli.main(GRPO + AGENT + ["--cope.te_enable", "--cope.te_lambda", "0.2", "--actor.eps_clip", "0.3"])
+    args = reached.value.parsed
+    assert args.cope.te_enable is True and args.cope.te_lambda == 0.2
+    assert args.actor.eps_clip_low_high == (0.3, 0.3)  # OpenRLHF's own post-processing ran
+    assert args.reward.remote_url == ["agent"]
+    assert started["runtime_env"]["worker_process_setup_hook"] == patch.WORKER_SETUP_HOOK
+    assert "TOKENIZERS_PARALLELISM" in started["runtime_env"]["env_vars"]
+    actor_module = importlib.import_module("openrlhf.trainer.ray.ppo_actor")
+    assert actor_module.PolicyModelActor.__ray_actor_class__.__name__ == "CoPEPolicyModelActor"

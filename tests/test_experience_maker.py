@@ -1,0 +1,243 @@
+"""CoPEExperienceMaker.make_experience_batch, for real on CPU: OpenRLHF's RayActorGroup of CPU stand-in model
+actors (tests/ray_cpu_groups.py) around a small local HF model, on multi-turn Experiences made by OpenRLHF's
+own SamplesGenerator._process_response_into_experience. Flags off: element-wise equal to OpenRLHF's stock
+RemoteExperienceMaker. Each flag on: the added fields and metrics equal the signal-core reference functions
+run here in the driver."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import ray
+import torch
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+from openrlhf.utils.config import hierarchize
+
+from cope_rlhf import patch
+from cope_rlhf.actor import FORECAST_KEY, TE_KEY
+from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
+from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.experience_maker import CoPEExperienceMaker
+from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
+from cope_rlhf.info_gain import info_gain_rewards, position_ids_for
+from cope_rlhf.temporal_ensemble import collect_members
+from cope_rlhf.turns import turn_spans
+from tests.conftest import ROOT
+from tests.ray_cpu_groups import StandInStrategy, cpu_groups, load_actor
+from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
+
+N = 4  # samples per prompt
+KL_COEF = 0.01
+EPISODES = [  # (observations, actions); len(observations) == len(actions) + 1
+    (["You are in a room. Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens."],
+     ["Thought:\nlook.\n\nAction:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door"]),
+    (["Craft a stick.", "Got 1 bone."], ["Action:\nget 1 bone"]),
+    (["Pick up the key.", "You see a key.", "Invalid action.", "You see a blue key.", "Done."],
+     ["Action:\nlook around", "Action:\npick key", "Action:\nlook around", "Action:\npick up key"]),
+    (["Go to the red ball.", "You see a red ball.", "You are at the red ball."],
+     ["Action:\nturn left", "Action:\ngo to red ball 1"]),
+]
+# Three prompt groups: mixed, degenerate (all failed), mixed.
+REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+
+
+def cli_args(*argv: str) -> SimpleNamespace:
+    """Args as the CoPE CLI parses them (OpenRLHF's parser + the CoPE group), hierarchized like OpenRLHF."""
+    base = ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(N),
+            "--rollout.micro_batch_size", "4", "--algo.kl.init_coef", str(KL_COEF),
+            "--train.agent_func_path", "agent.py"]
+    return hierarchize(build_parser().parse_args(base + list(argv)))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tok, tmp_path_factory):
+    dirs = []
+    for seed in (0, 1):  # policy, reference
+        path = tmp_path_factory.mktemp(f"model{seed}")
+        tiny_model(len(tok), seed=seed).save_pretrained(path)
+        tok.save_pretrained(path)
+        dirs.append(str(path))
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def groups(checkpoints):
+    # Started as the CLI starts it: OpenRLHF-style ray.init arguments, wrapped to add CoPE's worker hook.
+    patch.ray_init_with_hook(ray.init)(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                                       runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    try:
+        yield cpu_groups(StandInStrategy(cli_args()), *checkpoints)
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def policy(checkpoints):
+    return load_actor(checkpoints[0]).eval()
+
+
+def rollout(tok):
+    """Twelve fresh single-sample Experiences (3 prompts x 4), as SamplesGenerator yields them."""
+    return [to_experience(agent_response(tok, *EPISODES[(i + i // N) % len(EPISODES)], reward=r))
+            for i, r in enumerate(REWARDS)]
+
+
+def make(maker_class, groups, tok, *argv):
+    actor_group, ref_group = groups
+    maker = maker_class(actor_group, None, None, ref_group, FixedKLController(KL_COEF),
+                        StandInStrategy(cli_args(*argv)), tok)
+    return maker.make_experience_batch(rollout(tok))
+
+
+@pytest.fixture(scope="module")
+def stock(groups, tok):
+    return make(RemoteExperienceMaker, groups, tok)
+
+
+def fresh(stock):
+    return copy.deepcopy(stock)
+
+
+def assert_same_experiences(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for name in ("sequences", "attention_mask", "action_mask", "action_log_probs", "base_action_log_probs",
+                     "advantages", "returns", "rewards"):
+            u, v = getattr(x, name), getattr(y, name)
+            assert (u is None and v is None) or torch.equal(u, v), name
+        assert x.index == y.index
+        assert x.info.keys() == y.info.keys()
+        for key in x.info:
+            assert torch.equal(x.info[key], y.info[key]), key
+
+
+def test_ray_worker_uses_patched_classes(groups):
+    """The hook ran in the worker: OpenRLHF's modules there hold the CoPE classes (the driver has no apply())."""
+    assert ray.get(groups[0]._actor_handlers[0].classes_in_use.remote(), timeout=120) == {
+        "RemoteExperienceMaker": "CoPEExperienceMaker", "ActorPPOTrainer": "CoPEActorPPOTrainer",
+        "PolicyModelActor": "CoPEPolicyModelActor"}
+
+
+def test_flags_off_equals_stock(groups, tok, stock):
+    cope = make(CoPEExperienceMaker, groups, tok)
+    assert_same_experiences(cope, stock)
+    assert not any(k.startswith("cope") for k in cope[0].info)
+    assert any(e.advantages.abs().sum() > 0 for e in stock)  # the comparison is not between zeros
+
+
+def test_filter_zeroes_degenerate_group(groups, tok, stock):
+    cope = make(CoPEExperienceMaker, groups, tok, "--cope.grpo_filter_degenerate")
+    reference = fresh(stock)
+    metrics = filter_degenerate_groups(reference, N)
+    assert metrics["cope/filtered_frac"] == pytest.approx(4 / 12)
+    for got, want in zip(cope, reference):
+        assert torch.equal(got.action_mask, want.action_mask)
+        assert torch.equal(got.advantages, want.advantages)
+        assert torch.equal(got.info["cope/filtered_frac"], torch.full((len(got.index),), 4 / 12))
+    dropped = [p for e in cope for b, p in enumerate(e.index) if e.action_mask[b].sum() == 0]
+    assert sorted(dropped) == [4, 5, 6, 7]
+
+
+def test_info_gain_matches_reference(groups, tok, stock, policy):
+    cope = make(CoPEExperienceMaker, groups, tok, "--cope.info_intrinsic_weight", "0.1")
+    config = CoPEConfig()
+    logits_fn = lambda s, a, p: policy.model(input_ids=s, attention_mask=a, position_ids=p).logits.float()  # noqa
+    reference = fresh(stock)
+    intrinsic = []
+    for e in reference:
+        rewards, _, _ = info_gain_rewards(logits_fn, e.sequences, e.attention_mask, e.action_mask,
+                                          config.info_probe_tokens, config.info_max_turns)
+        intrinsic.append(rewards)
+    assert sum(float(x.abs().sum()) for x in intrinsic) > 0
+    metrics = add_info_gated_advantage(reference, intrinsic, N, 0.1, config.info_gate_temp)
+    for got, want, base in zip(cope, reference, stock):
+        torch.testing.assert_close(got.advantages, want.advantages, rtol=1e-5, atol=1e-6)
+        assert torch.equal(got.returns, base.returns)  # the bonus goes into advantages only
+        for key in ("cope/info_beta_mean", "cope/info_reward_mean"):
+            torch.testing.assert_close(got.info[key], torch.full((len(got.index),), metrics[key]))
+    assert not all(torch.equal(g.advantages, s.advantages) for g, s in zip(cope, stock))
+
+
+def test_forecast_samples_attached(groups, tok, stock):
+    argv = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "wins",
+            "--cope.action_forecast_group_norm"]
+    cope = make(CoPEExperienceMaker, groups, tok, *argv)
+    config = CoPEConfig.from_args(cli_args(*argv))
+    samples, metrics = forecast_samples_from_experiences(fresh(stock), tok, config, N)
+    assert samples and metrics["cope/forecast_samples"] == len(samples)
+    got = [s for e in cope for row in e.info.pop(FORECAST_KEY) for s in row]
+    key = lambda s: (s.row, s.turn)  # noqa: E731
+    assert [(s.input_ids, s.loss_mask, s.slots, s.weight) for s in sorted(got, key=key)] == \
+        [(s.input_ids, s.loss_mask, s.slots, s.weight) for s in sorted(samples, key=key)]
+    assert {s.row for s in got} == {i for i, r in enumerate(REWARDS) if r > 0.5}  # gate "wins"
+    for e in cope:
+        assert torch.equal(e.info["cope/forecast_samples"], torch.full((len(e.index),), float(len(samples))))
+    for got_e, base in zip(cope, stock):  # advantages untouched by the forecast
+        assert torch.equal(got_e.advantages, base.advantages)
+
+
+def test_te_members_match_reference(groups, tok, stock, policy):
+    cope = make(CoPEExperienceMaker, groups, tok, "--cope.te_enable", "--cope.te_lambda", "0.1")
+    config = CoPEConfig()
+    checked = 0
+    for e in cope:
+        spans = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)
+        for b, row in enumerate(e.index):
+            tokens = e.sequences[b][e.attention_mask[b].bool()].tolist()
+            samples = build_forecast_samples(tokens, spans[b], tok, config.action_forecast_k, row=row)
+            logits = []
+            with torch.no_grad():
+                for s in samples:
+                    ids = torch.tensor([s.input_ids])
+                    mask = torch.ones_like(ids)
+                    logits.append(policy.model(input_ids=ids, attention_mask=mask,
+                                               position_ids=position_ids_for(mask)).logits[0].float())
+            targets, probs, ids, valid, _ = collect_members(samples, logits, {row: (tokens, spans[b])})
+            got = e.info[TE_KEY][b]
+            assert got["positions"].tolist() == [pos for _, pos in targets]
+            torch.testing.assert_close(got["probs"], probs, rtol=1e-5, atol=1e-6)
+            assert torch.equal(got["ids"], ids) and torch.equal(got["valid"], valid)
+            checked += len(targets)
+    assert checked > 0
+    assert all(0 < float(e.info["cope/te_slot_coverage"][0]) <= 1 for e in cope)
+    for got_e, base in zip(cope, stock):
+        assert torch.equal(got_e.advantages, base.advantages)
+
+
+def test_show_stock_vs_cope(groups, tok, stock):
+    """One batch, printed (run with -s): per sample, stock GRPO advantages, CoPE with forecast + TE + info gain,
+    and CoPE with the degenerate-group filter too; then the CoPE metrics of the all-on run."""
+    signals = ["--cope.action_forecast_enable", "--cope.info_intrinsic_weight", "0.1", "--cope.te_enable",
+               "--cope.te_lambda", "0.1"]
+    no_filter = make(CoPEExperienceMaker, groups, tok, *signals)
+    all_on = make(CoPEExperienceMaker, groups, tok, *signals, "--cope.grpo_filter_degenerate")
+
+    def show(e, b):
+        adv = e.advantages[b][e.action_mask[b].bool()]
+        return f"{adv.mean():+.4f} ({adv.min():+.3f}..{adv.max():+.3f})" if adv.numel() else "filtered"
+
+    print(f"\n{'row':>3} {'reward':>6} {'turns':>5} {'stock GRPO adv: mean (min..max)':>31} "
+          f"{'CoPE, no filter':>27} {'CoPE, all on':>27} {'forecasts':>9} {'TE tokens':>9}")
+    for s_e, a_e, c_e in zip(stock, no_filter, all_on):
+        spans = turn_spans(s_e.action_mask, s_e.sequences.shape[1], s_e.attention_mask)
+        for b, row in enumerate(c_e.index):
+            print(f"{row:>3} {float(c_e.rewards[b]):>6.1f} {len(spans[b]):>5} {show(s_e, b):>31} {show(a_e, b):>27} "
+                  f"{show(c_e, b):>27} {len(c_e.info[FORECAST_KEY][b]):>9} {len(a_e.info[TE_KEY][b]['positions']):>9}")
+            if not c_e.action_mask[b].any():  # only the degenerate group is filtered
+                assert 4 <= row < 8 and not c_e.advantages[b].any()
+    metrics = {k: float(v[0]) for k, v in all_on[0].info.items() if k.startswith("cope/")}
+    print("CoPE metrics, all on (broadcast per sample into info; the actor averages them into its status):")
+    for key, value in sorted(metrics.items()):
+        print(f"  {key:<28} {value:.4f}")
+    assert {"cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/forecast_samples",
+            "cope/te_slot_coverage"} <= metrics.keys()
+    degenerate = [e.advantages[b] for e in no_filter for b, row in enumerate(e.index) if 4 <= row < 8]
+    stock_degenerate = [e.advantages[b] for e in stock for b, row in enumerate(e.index) if 4 <= row < 8]
+    assert not all(torch.equal(x, y) for x, y in zip(degenerate, stock_degenerate))  # the gate opened there
