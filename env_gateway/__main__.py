@@ -1,0 +1,101 @@
+"""``python -m env_gateway``: run the gateway (see env_gateway/config.py for every setting)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from aiohttp import web
+
+from env_gateway.config import ConfigError, EnvConfig, GatewayConfig, load_yaml, parse_env_flag, parse_spawn_flag
+from env_gateway.server import Gateway
+from env_gateway.spawn import Supervisor
+
+log = logging.getLogger("env_gateway")
+
+# flag -> GatewayConfig field; flags override the config file only where given
+SCALARS = {"host": str, "port": int, "max_sessions": int, "session_ttl": float, "request_timeout": float,
+           "queue_timeout": float, "max_concurrency": int, "max_queue": int, "health_interval": float, "max_body": int}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m env_gateway", description="Async gateway between agent funcs and "
+                                "environment servers (AgentGym and gym-style chat protocols).")
+    p.add_argument("--config", help="YAML file with the same settings (flags given here win)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME[:ADAPTER]=URL[,URL...]",
+                   help="an environment and its replica URLs; the name picks the protocol adapter unless ADAPTER "
+                        "is given (a registered name or package.module:Class)")
+    p.add_argument("--spawn", action="append", default=[], metavar="NAME[:ADAPTER]=CMD:N",
+                   help="start N replicas of CMD (which must contain {port}) and restart any that die")
+    defaults = GatewayConfig()
+    helps = {"max_sessions": "open sessions, all envs together", "session_ttl": "idle seconds before a session is "
+             "closed", "request_timeout": "seconds per backend call", "queue_timeout": "longest wait for a replica "
+             "slot before 503", "max_concurrency": "requests in flight per replica", "max_queue": "queued requests "
+             "per replica before immediate 503", "health_interval": "seconds between health checks",
+             "max_body": "largest request body in bytes"}
+    for name, typ in SCALARS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
+                       help=f"{helps.get(name, name)} (default {getattr(defaults, name)})")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop even if uvloop is installed")
+    return p
+
+
+def make_config(args: argparse.Namespace) -> GatewayConfig:
+    cfg = load_yaml(args.config) if args.config else GatewayConfig()
+    for name in SCALARS:
+        if getattr(args, name) is not None:
+            setattr(cfg, name, getattr(args, name))
+    for flag in args.env:
+        name, adapter, urls = parse_env_flag(flag)
+        env = cfg.envs.setdefault(name, EnvConfig(name=name))
+        env.urls += urls
+        env.adapter = adapter or env.adapter
+    for flag in args.spawn:
+        name, adapter, spec = parse_spawn_flag(flag)
+        env = cfg.envs.setdefault(name, EnvConfig(name=name))
+        env.spawn, env.adapter = spec, adapter or env.adapter
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    supervisor = Supervisor()
+    try:
+        cfg = make_config(args)
+        planned = {}
+        for env in cfg.envs.values():  # spawned replicas join the pool as ordinary URLs
+            if env.spawn:
+                planned[env.name] = Supervisor.plan(env.spawn.cmd, env.spawn.replicas)
+                env.urls += [url for url, _ in planned[env.name]]
+        gateway = Gateway(cfg)
+    except ConfigError as e:
+        parser.error(str(e))
+    for name, children in planned.items():
+        for url, argv_ in children:
+            supervisor.add(name, argv_, next(r for r in gateway.pools[name].replicas if r.url == url))
+    app = gateway.app()
+    app.on_startup.insert(0, supervisor.start)
+    app.on_cleanup.append(supervisor.stop)
+    loop = None
+    if not args.no_uvloop:
+        try:
+            import uvloop
+            loop = uvloop.new_event_loop()
+        except ImportError:
+            pass
+    loop = loop or asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    envs = ", ".join(f"{p.name}[{p.adapter_cls.name}]x{len(p.replicas)}" for p in gateway.pools.values())
+    # A deep accept backlog: a rollout opens hundreds of connections at once, and SYNs dropped from a
+    # short queue come back only after a 1 s retransmit.
+    web.run_app(app, host=cfg.host, port=cfg.port, loop=loop, access_log=None, backlog=4096,
+                print=lambda *_: log.info("gateway listening on http://%s:%d (%s)", cfg.host, cfg.port, envs))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,169 @@
+"""Gateway configuration: the command line and ``--config gateway.yaml`` say the same things.
+
+    python -m env_gateway --host 127.0.0.1 --port 8800 \\
+        --env babyai=http://127.0.0.1:8001,http://127.0.0.1:8002 \\
+        --env mysci:sciworld=http://10.0.0.5:8000 \\        # NAME:ADAPTER=URLS (adapter by name or pkg.mod:Class)
+        --spawn textcraft='.venvs/textcraft/bin/python -m env_gateway.servers.textcraft --port {port}':2
+
+The YAML file holds the same settings (flags given on the command line win)::
+
+    host: 127.0.0.1
+    port: 8800
+    max_concurrency: 64            # per replica
+    envs:
+      babyai:
+        urls: [http://127.0.0.1:8001]
+      textcraft:
+        spawn: {cmd: ".venvs/textcraft/bin/python -m env_gateway.servers.textcraft --port {port}", replicas: 2}
+      sokoban:
+        adapter: gym
+        options: {env_name: verl_env/sokoban-v0, env_kwargs: {dim_room: [5, 5]}}
+        max_concurrency: 16        # overrides the global per-replica cap for this env
+
+Every mistake raises ``ConfigError`` with a message that names the setting and what to write instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import yaml
+
+from env_gateway.adapters import GymChatAdapter, load_adapter
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class SpawnSpec:
+    cmd: str  # must contain {port}; the gateway binds each replica to a free port of 127.0.0.1
+    replicas: int = 1
+
+
+@dataclass
+class EnvConfig:
+    name: str
+    urls: list[str] = field(default_factory=list)
+    adapter: str = ""  # default: the env name
+    options: dict = field(default_factory=dict)
+    max_concurrency: int | None = None
+    spawn: SpawnSpec | None = None
+
+
+@dataclass
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8800
+    max_sessions: int = 4096         # open sessions, all envs together
+    session_ttl: float = 900.0       # seconds a session may sit idle before the gateway closes it
+    request_timeout: float = 60.0    # per backend call
+    queue_timeout: float = 30.0      # longest wait for a replica slot before a 503
+    max_concurrency: int = 64        # requests in flight per replica
+    max_queue: int = 4096            # requests waiting per replica before immediate 503s
+    health_interval: float = 5.0
+    max_body: int = 1 << 20          # bytes
+    envs: dict[str, EnvConfig] = field(default_factory=dict)
+
+    def validate(self) -> "GatewayConfig":
+        if not self.envs:
+            raise ConfigError("no environments: give at least one --env NAME=URL, --spawn NAME=CMD:N, or 'envs:' "
+                              "in --config")
+        for name in ("max_sessions", "max_concurrency", "max_queue", "max_body"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("session_ttl", "request_timeout", "queue_timeout", "health_interval"):
+            if float(getattr(self, name)) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        for env in self.envs.values():
+            env.adapter = env.adapter or env.name
+            try:
+                adapter = load_adapter(env.adapter)
+            except ValueError as e:
+                raise ConfigError(f"env {env.name!r}: {e}") from None
+            if issubclass(adapter, GymChatAdapter):  # the backend's env name defaults to ours
+                env.options.setdefault("env_name", env.name)
+            if not env.urls and not env.spawn:
+                raise ConfigError(f"env {env.name!r} has no backend: give it URLs or a spawn command")
+            for url in env.urls:
+                if not url.startswith(("http://", "https://")):
+                    raise ConfigError(f"env {env.name!r}: backend URL {url!r} must start with http:// or https://")
+            if env.spawn and "{port}" not in env.spawn.cmd:
+                raise ConfigError(f"env {env.name!r}: the spawn command must contain {{port}} (where the replica "
+                                  f"listens), e.g. '... --host 127.0.0.1 --port {{port}}'; got {env.spawn.cmd!r}")
+            if env.spawn and env.spawn.replicas < 1:
+                raise ConfigError(f"env {env.name!r}: spawn replicas must be >= 1")
+            if env.max_concurrency is not None and env.max_concurrency < 1:
+                raise ConfigError(f"env {env.name!r}: max_concurrency must be >= 1")
+        return self
+
+
+def parse_env_flag(text: str) -> tuple[str, str, list[str]]:
+    """``NAME[:ADAPTER]=URL[,URL...]`` -> (name, adapter, urls)."""
+    name, sep, urls = text.partition("=")
+    if not sep or not name or not urls:
+        raise ConfigError(f"--env {text!r}: expected NAME=URL[,URL...], e.g. --env babyai=http://127.0.0.1:8001")
+    name, _, adapter = name.partition(":")
+    return name.strip(), adapter.strip(), [u.strip().rstrip("/") for u in urls.split(",") if u.strip()]
+
+
+def parse_spawn_flag(text: str) -> tuple[str, str, SpawnSpec]:
+    """``NAME[:ADAPTER]=CMD:N`` -> (name, adapter, spec). CMD may itself contain colons."""
+    name, sep, rest = text.partition("=")
+    cmd, colon, count = rest.rpartition(":")
+    if not sep or not name or not colon or not count.strip().isdigit() or not cmd.strip():
+        raise ConfigError(f"--spawn {text!r}: expected NAME=CMD:N, e.g. --spawn "
+                          "babyai='.venvs/babyai/bin/python -m env_gateway.servers.babyai --port {port}':2")
+    name, _, adapter = name.partition(":")
+    return name.strip(), adapter.strip(), SpawnSpec(cmd.strip(), int(count))
+
+
+def _env_from_yaml(name: str, raw: Any) -> EnvConfig:
+    if isinstance(raw, (str, list)):  # shorthand: babyai: http://... or a list of URLs
+        raw = {"urls": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"envs.{name}: expected a mapping with 'urls' or 'spawn', got {raw!r}")
+    unknown = set(raw) - {f.name for f in fields(EnvConfig)}
+    if unknown:
+        raise ConfigError(f"envs.{name}: unknown key(s) {sorted(unknown)}; known: urls, adapter, options, "
+                          "max_concurrency, spawn")
+    urls = raw.get("urls") or []
+    urls = [urls] if isinstance(urls, str) else list(urls)
+    spawn = raw.get("spawn")
+    if spawn is not None:
+        if not isinstance(spawn, dict) or "cmd" not in spawn:
+            raise ConfigError(f"envs.{name}.spawn: expected {{cmd: '... --port {{port}}', replicas: N}}")
+        spawn = SpawnSpec(str(spawn["cmd"]), int(spawn.get("replicas", 1)))
+    return EnvConfig(name=name, urls=[str(u).rstrip("/") for u in urls], adapter=str(raw.get("adapter") or ""),
+                     options=dict(raw.get("options") or {}), max_concurrency=raw.get("max_concurrency"), spawn=spawn)
+
+
+def load_yaml(path: str) -> GatewayConfig:
+    if not os.path.exists(path):
+        raise ConfigError(f"--config {path}: no such file")
+    with open(path) as f:
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--config {path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config {path}: expected a mapping at the top level")
+    known = {f.name for f in fields(GatewayConfig)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    envs = raw.pop("envs", None) or {}
+    if not isinstance(envs, dict):
+        raise ConfigError(f"--config {path}: 'envs' must map env names to settings")
+    cfg = GatewayConfig()
+    for name, value in raw.items():  # coerce to the default's type, with a clear message when impossible
+        try:
+            setattr(cfg, name, type(getattr(cfg, name))(value))
+        except (TypeError, ValueError):
+            raise ConfigError(f"--config {path}: {name} must be of type {type(getattr(cfg, name)).__name__}, "
+                              f"got {value!r}") from None
+    cfg.envs = {name: _env_from_yaml(str(name), spec) for name, spec in envs.items()}
+    return cfg

@@ -1,0 +1,458 @@
+"""The gateway: one aiohttp service between agent funcs and pools of environment servers.
+
+    POST   /v1/sessions            {env, item_id, seed?} -> {session_id, observation, info, backend}
+    POST   /v1/sessions/{id}/step  {action}              -> {observation, reward, done, info}
+    DELETE /v1/sessions/{id}                             -> {session_id, closed, backend_closed[, detail]}
+    GET    /v1/envs     GET /v1/health (503 when an env has no healthy replica)     GET /metrics
+
+Contract:
+- Routing: a new session goes to the healthy replica of its env with the fewest open sessions (ties: the
+  fewest requests in flight or queued) and sticks to it.
+- Admission control: at most ``max_concurrency`` requests in flight per replica. Excess requests wait in a
+  FIFO queue for at most ``queue_timeout`` seconds (and at most ``max_queue`` of them), else 503 with
+  ``Retry-After``; a step that got a 503 was never sent, so retrying it is safe.
+- Deadlines: every backend call has ``request_timeout``; a session idle for ``session_ttl`` is closed on
+  its backend and later requests for it get 410; at most ``max_sessions`` sessions are open.
+- Failures: a create/reset that fails at the connection, times out or gets a 5xx is retried on another
+  healthy replica; when every replica refuses it as busy (409: e.g. AppWorld holds one world per task id) the
+  caller gets 503 with ``Retry-After``. A failed step is not retried (a step is not idempotent): the session is ended (410
+  afterwards) and the caller gets 502 (504 on a timeout) naming the backend and the cause, so the agent
+  func can end that episode with reward 0 while the rest of its group carries on. Transport failures
+  take a replica out of rotation at once; periodic health checks put it back when it answers.
+- Errors: every error answer is JSON ``{"error": name, "detail": what happened and what to do}``; bad
+  input gets a 4xx, never a 500, and nothing waits without a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from env_gateway.adapters import Adapter, BackendError, BadItem, load_adapter
+from env_gateway.config import EnvConfig, GatewayConfig
+from env_gateway.http1 import Http1Pool
+from env_gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("env_gateway")
+
+API_HELP = ("the API is POST /v1/sessions, POST /v1/sessions/{id}/step, DELETE /v1/sessions/{id}, "
+            "GET /v1/envs, GET /v1/health, GET /metrics")
+ENV, BACKEND_S, QUEUE_S = web.RequestKey("env", str), web.RequestKey("backend_s", float), web.RequestKey("queue_s", float)
+GONE_MEMORY = 100_000  # ended session ids remembered, so late requests get 410 with the reason, not 404
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str, detail: str, retry_after: float | None = None, **extra: Any):
+        super().__init__(detail)
+        self.status, self.error, self.detail, self.retry_after, self.extra = status, error, detail, retry_after, extra
+
+    def response(self) -> web.Response:
+        headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after is not None else None
+        return web.json_response({"error": self.error, "detail": self.detail, **self.extra}, status=self.status,
+                                 headers=headers)
+
+
+class Slots:
+    """Admission control for one replica: ``cap`` holders at a time, the rest wait FIFO with a deadline.
+    A waiter's future is settled exactly once, by ``release`` (True: the slot is handed over) or by its
+    timer (False), so a timeout can never leak or double-count a slot."""
+
+    def __init__(self, cap: int):
+        self.cap, self.used = cap, 0
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    async def acquire(self, timeout: float) -> bool:
+        if self.used < self.cap and not self.waiters:
+            self.used += 1
+            return True
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.waiters.append(fut)
+        timer = loop.call_later(timeout, lambda: fut.done() or fut.set_result(False))
+        try:
+            granted = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.result():
+                self.release()
+            raise
+        finally:
+            timer.cancel()
+        if not granted:
+            try:
+                self.waiters.remove(fut)
+            except ValueError:
+                pass
+        return granted
+
+    def release(self) -> None:
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(True)
+                return
+        self.used -= 1
+
+
+class Replica:
+    def __init__(self, url: str, cap: int):
+        self.url, self.slots = url, Slots(cap)
+        self.healthy, self.last_error = True, ""
+        self.sessions = 0  # open (or opening) sessions routed here
+        self.pid: int | None = None  # set by the supervisor for spawned replicas
+        self.restarts = 0
+
+    def describe(self) -> dict:
+        return {"url": self.url, "healthy": self.healthy, "sessions": self.sessions, "inflight": self.slots.used,
+                "queued": len(self.slots.waiters), "max_concurrency": self.slots.cap, "last_error": self.last_error,
+                "pid": self.pid, "restarts": self.restarts}
+
+
+class Pool:
+    """The replicas of one environment and the adapter that speaks their protocol."""
+
+    def __init__(self, cfg: EnvConfig, default_cap: int):
+        self.name, self.cfg = cfg.name, cfg
+        self.adapter_cls = load_adapter(cfg.adapter or cfg.name)
+        self.adapter: Adapter | None = None  # built at start-up, when the HTTP session exists
+        self.replicas = [Replica(url, cfg.max_concurrency or default_cap) for url in cfg.urls]
+
+    def pick(self, exclude: set) -> Replica | None:
+        ready = [r for r in self.replicas if r.healthy and r not in exclude]
+        return min(ready, key=lambda r: (r.sessions, r.slots.used + len(r.slots.waiters)), default=None)
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    pool: Pool
+    replica: Replica
+    handle: Any
+    item_id: Any
+    last_used: float
+    busy: bool = False
+    steps: int = 0
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig):
+        self.config = config.validate()
+        self.pools = {name: Pool(env, config.max_concurrency) for name, env in config.envs.items()}
+        self.sessions: dict[str, Session] = {}
+        self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self.opening = 0
+        self.metrics = GatewayMetrics(self.describe_envs)
+        self.http: Http1Pool | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.middleware], client_max_size=self.config.max_body)
+        app.add_routes([
+            web.post("/v1/sessions", self.create_session, name="create"),
+            web.post("/v1/sessions/{session_id}/step", self.step_session, name="step"),
+            web.delete("/v1/sessions/{session_id}", self.delete_session, name="close"),
+            web.get("/v1/envs", self.list_envs, name="envs"),
+            web.get("/v1/health", self.health, name="health"),
+            web.get("/metrics", self.render_metrics, name="metrics"),
+        ])
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        return app
+
+    async def start(self, app: web.Application | None = None) -> None:
+        self.http = Http1Pool()  # connections per replica are bounded by its cap (admission control)
+        for pool in self.pools.values():
+            pool.adapter = pool.adapter_cls(self.http, self.config.request_timeout, pool.cfg.options)
+        self._background(self.health_loop())
+        self._background(self.reap_loop())
+
+    async def stop(self, app: web.Application | None = None) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        open_sessions = list(self.sessions.values())
+        for s in open_sessions:
+            self.end_session(s, "closed: the gateway shut down")
+        if open_sessions:  # bounded: a dead backend must not hold up shutdown
+            _, late = await asyncio.wait([asyncio.ensure_future(self.close_on_backend(s)) for s in open_sessions],
+                                         timeout=5)
+            for task in late:
+                task.cancel()
+        if self.http is not None:
+            self.http.close()
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        request[ENV], request[BACKEND_S], request[QUEUE_S] = "-", 0.0, 0.0
+        error = None
+        try:
+            resp = await handler(request)
+        except ApiError as e:
+            resp, error = e.response(), e.error
+        except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, body too large
+            error = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status, "http_error")
+            detail = (f"request body over {self.config.max_body} bytes (--max-body)" if e.status == 413
+                      else f"{request.method} {request.path}: {e.reason}; {API_HELP}")
+            resp = web.json_response({"error": error, "detail": detail}, status=e.status)
+        except Exception as e:  # a bug of ours: answer, log, keep serving
+            log.exception("%s %s failed", request.method, request.path)
+            error = "internal"
+            resp = web.json_response({"error": error, "detail": f"gateway error: {type(e).__name__}: {e}"}, status=500)
+        route = request.match_info.route
+        self.metrics.observe(request[ENV], route.name or "unknown", resp.status, error,
+                             time.perf_counter() - t0, request[BACKEND_S], request[QUEUE_S])
+        return resp
+
+    async def read_json(self, request: web.Request) -> dict:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, "body_too_large", f"request body over {self.config.max_body} bytes: send less, or "
+                                                  "raise the gateway's --max-body") from None
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, "bad_json", f"the body is not valid JSON ({e}); send a JSON object") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "bad_json", f"the body must be a JSON object, got {type(data).__name__}")
+        return data
+
+    async def acquire(self, replica: Replica, request: web.Request | None, env: str) -> None:
+        slots = replica.slots
+        if slots.used < slots.cap and not slots.waiters:  # fast path, no queue
+            slots.used += 1
+            return
+        if len(slots.waiters) >= self.config.max_queue:
+            raise ApiError(503, "overloaded", f"{env} replica {replica.url} has {len(slots.waiters)} requests "
+                                              "queued already; retry later", retry_after=1)
+        t0 = time.perf_counter()
+        granted = await slots.acquire(self.config.queue_timeout)
+        if request is not None:
+            request[QUEUE_S] += time.perf_counter() - t0
+        if not granted:
+            raise ApiError(503, "overloaded", f"{env} replica {replica.url} stayed at its limit of {slots.cap} "
+                                              f"requests in flight for {self.config.queue_timeout:g}s (queue timeout); "
+                                              "nothing was sent to the backend: retry later",
+                           retry_after=max(1.0, self.config.queue_timeout / 2))
+
+    def mark_down(self, replica: Replica, cause: str) -> None:
+        if replica.healthy:
+            log.warning("replica %s out of rotation: %s", replica.url, cause)
+        replica.healthy, replica.last_error = False, cause
+
+    def live_session(self, sid: str) -> Session:
+        session = self.sessions.get(sid)
+        if session is not None:
+            return session
+        if sid in self.gone:
+            raise ApiError(410, "session_gone", f"session {sid} is {self.gone[sid]}; open a new one with POST "
+                                                "/v1/sessions")
+        raise ApiError(404, "unknown_session", f"no session {sid!r}: open one with POST /v1/sessions")
+
+    def end_session(self, session: Session, reason: str) -> None:
+        if self.sessions.pop(session.id, None) is not None:
+            session.replica.sessions -= 1
+            self.gone[session.id] = reason
+            if len(self.gone) > GONE_MEMORY:
+                self.gone.popitem(last=False)
+
+    async def close_on_backend(self, session: Session, request: web.Request | None = None) -> tuple[bool, str]:
+        replica, env = session.replica, session.pool.name
+        try:
+            await self.acquire(replica, request, env)
+        except ApiError as e:
+            log.warning("closing %s session %s on %s skipped: %s", env, session.id, replica.url, e.detail)
+            return False, e.detail
+        t0 = time.perf_counter()
+        try:
+            await session.pool.adapter.close(replica.url, session.handle)
+            return True, ""
+        except BackendError as e:
+            log.warning("closing %s session %s: %s", env, session.id, e)
+            return False, str(e)
+        finally:
+            replica.slots.release()
+            if request is not None:
+                request[BACKEND_S] += time.perf_counter() - t0
+
+    # ---- handlers ------------------------------------------------------------------------------
+    async def create_session(self, request: web.Request) -> web.Response:
+        body = await self.read_json(request)
+        for key in ("env", "item_id"):
+            if key not in body:
+                raise ApiError(400, "missing_field", f"the body needs '{key}', e.g. {{\"env\": \"babyai\", "
+                                                     "\"item_id\": 3}")
+        pool = self.pools.get(body["env"]) if isinstance(body["env"], str) else None
+        if pool is None:
+            raise ApiError(404, "unknown_env", f"no environment {body['env']!r} behind this gateway; known: "
+                                               f"{', '.join(sorted(self.pools))}")
+        env = request[ENV] = pool.name
+        try:
+            item_id = pool.adapter.item(body["item_id"])
+        except BadItem as e:
+            raise ApiError(400, "bad_item_id", f"{env}: {e}") from None
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ApiError(400, "bad_seed", f"'seed' must be an integer or absent, got {seed!r}")
+        if len(self.sessions) + self.opening >= self.config.max_sessions:
+            raise ApiError(503, "too_many_sessions", f"the gateway holds its maximum of {self.config.max_sessions} "
+                                                     "open sessions (--max-sessions): close finished sessions, or "
+                                                     "retry later", retry_after=1)
+        self.opening += 1
+        try:
+            replica, handle, obs, info = await self._open(pool, item_id, seed, request)
+        finally:
+            self.opening -= 1
+        sid = secrets.token_hex(12)
+        self.sessions[sid] = Session(sid, pool, replica, handle, item_id, asyncio.get_running_loop().time())
+        self.metrics.opened.labels(env).inc()
+        return web.json_response({"session_id": sid, "observation": obs, "info": info, "backend": replica.url})
+
+    async def _open(self, pool: Pool, item_id: Any, seed: int | None, request: web.Request) -> tuple:
+        env, tried, failures = pool.name, set(), []
+        while True:
+            replica = pool.pick(tried)
+            if replica is None:
+                if failures and all(status == 409 for status, _ in failures):  # busy, not broken: come back later
+                    raise ApiError(503, "replicas_busy", f"no {env} replica can take item {item_id!r} now: "
+                                                         + "; ".join(f for _, f in failures), retry_after=1)
+                if failures:
+                    raise ApiError(502, "backend_failed", f"could not open a {env} session on any replica: "
+                                                          + "; ".join(f for _, f in failures))
+                states = ", ".join(f"{r.url} ({r.last_error or 'down'})" for r in pool.replicas)
+                raise ApiError(503, "no_healthy_replica", f"no healthy {env} replica right now: {states}; retry "
+                                                          "later", retry_after=self.config.health_interval)
+            tried.add(replica)
+            replica.sessions += 1  # reserve now, so concurrent creates spread over the replicas
+            try:
+                await self.acquire(replica, request, env)
+                t0 = time.perf_counter()
+                try:
+                    handle, obs, info = await pool.adapter.open(replica.url, item_id, seed)
+                finally:
+                    replica.slots.release()
+                    request[BACKEND_S] += time.perf_counter() - t0
+                return replica, handle, obs, info
+            except BackendError as e:
+                replica.sessions -= 1
+                if e.status is None and not e.timed_out:
+                    self.mark_down(replica, e.cause)
+                if not e.retryable:
+                    if e.status is not None and 400 <= e.status < 500:
+                        raise ApiError(422, "backend_rejected", f"the {env} backend {e.url} rejected item_id "
+                                                                f"{item_id!r}: {e.cause}", backend=e.url) from None
+                    raise ApiError(502, "backend_failed", f"{env}: {e}", backend=e.url) from None
+                failures.append((e.status, str(e)))
+                self.metrics.retries.labels(env).inc()
+            except BaseException:
+                replica.sessions -= 1
+                raise
+
+    async def step_session(self, request: web.Request) -> web.Response:
+        body = await self.read_json(request)
+        session = self.live_session(request.match_info["session_id"])
+        pool, replica = session.pool, session.replica
+        env = request[ENV] = pool.name
+        if "action" not in body:
+            raise ApiError(400, "missing_action", "the body needs 'action': the agent's action, e.g. "
+                                                  "{\"action\": \"go forward\"}")
+        try:
+            action = pool.adapter.action(body["action"])
+        except BadItem as e:
+            raise ApiError(400, "bad_action", f"{env}: {e}") from None
+        if session.busy:
+            raise ApiError(409, "session_busy", f"session {session.id} has a step in flight already; send one step "
+                                                "at a time and wait for its answer")
+        session.busy = True
+        try:
+            await self.acquire(replica, request, env)
+            t0 = time.perf_counter()
+            try:
+                out = await pool.adapter.step(replica.url, session.handle, action)
+            except BackendError as e:
+                self.end_session(session, f"failed: {e}")
+                self.metrics.failed.labels(env).inc()
+                if e.status is None and not e.timed_out:
+                    self.mark_down(replica, e.cause)
+                else:  # the backend is up: release the instance there
+                    self._background(self.close_on_backend(session))
+                raise ApiError(504 if e.timed_out else 502, "backend_timeout" if e.timed_out else "backend_failed",
+                               f"{env} step failed on backend {e.url}: {e.cause}. The session is ended: finish this "
+                               "episode (e.g. with reward 0) and open a new session.", backend=e.url) from None
+            finally:
+                replica.slots.release()
+                request[BACKEND_S] += time.perf_counter() - t0
+        finally:
+            session.busy = False
+            session.last_used = asyncio.get_running_loop().time()
+        session.steps += 1
+        return web.json_response({"observation": out.observation, "reward": out.reward, "done": out.done,
+                                  "info": out.info})
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        session = self.live_session(request.match_info["session_id"])
+        request[ENV] = session.pool.name
+        self.end_session(session, "closed by the client")
+        ok, detail = await self.close_on_backend(session, request)
+        body = {"session_id": session.id, "closed": True, "backend_closed": ok}
+        if detail:
+            body["detail"] = detail
+        return web.json_response(body)
+
+    def describe_envs(self) -> list[dict]:
+        return [{"name": p.name, "adapter": p.cfg.adapter or p.name,
+                 "open_sessions": sum(r.sessions for r in p.replicas),
+                 "replicas": [r.describe() for r in p.replicas]} for p in self.pools.values()]
+
+    async def list_envs(self, request: web.Request) -> web.Response:
+        return web.json_response({"envs": {e.pop("name"): e for e in self.describe_envs()},
+                                  "open_sessions": len(self.sessions), "max_sessions": self.config.max_sessions})
+
+    async def health(self, request: web.Request) -> web.Response:
+        envs = {p.name: {"healthy_replicas": sum(r.healthy for r in p.replicas), "replicas": len(p.replicas)}
+                for p in self.pools.values()}
+        ok = all(e["healthy_replicas"] > 0 for e in envs.values())
+        return web.json_response({"status": "ok" if ok else "degraded", "envs": envs,
+                                  "open_sessions": len(self.sessions)}, status=200 if ok else 503)
+
+    async def render_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    # ---- background loops ----------------------------------------------------------------------
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self.probe(p, r) for p in self.pools.values() for r in p.replicas))
+            await asyncio.sleep(self.config.health_interval)
+
+    async def probe(self, pool: Pool, replica: Replica) -> None:
+        alive = await pool.adapter.alive(replica.url, timeout=min(self.config.request_timeout, 5.0))
+        if alive and not replica.healthy:
+            log.info("replica %s (%s) answers again: back in rotation", replica.url, pool.name)
+            replica.healthy, replica.last_error = True, ""
+        elif not alive:
+            self.mark_down(replica, "health check failed (no answer on GET /)")
+
+    async def reap_loop(self) -> None:
+        ttl = self.config.session_ttl
+        while True:
+            await asyncio.sleep(min(max(ttl / 4, 0.05), 10.0))
+            now = asyncio.get_running_loop().time()
+            for s in [s for s in self.sessions.values() if not s.busy and now - s.last_used > ttl]:
+                self.end_session(s, f"expired: idle for more than {ttl:g}s (--session-ttl), and closed on the backend")
+                self.metrics.reaped.labels(s.pool.name).inc()
+                self._background(self.close_on_backend(s))

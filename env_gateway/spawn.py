@@ -1,0 +1,101 @@
+"""Replicas the gateway starts itself (``--spawn NAME=CMD:N``), restarted when they die.
+
+Each replica gets a free port of 127.0.0.1 substituted for ``{port}`` in CMD (split like a shell would,
+run without a shell, in the gateway's working directory, inheriting its stdout/stderr) and keeps that port
+across restarts, so its URL in the pool never changes. A replica that exits is restarted after a
+back-off (1 s, doubling up to 30 s, reset once it has run 60 s); while it is down, the gateway's health
+checks keep it out of rotation and the sessions it held fail with a 502 on their next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import signal
+import socket
+import time
+
+from env_gateway.server import Replica
+
+log = logging.getLogger("env_gateway.spawn")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Supervisor:
+    def __init__(self) -> None:
+        self.children: list[tuple[str, list[str], Replica]] = []
+        self.procs: dict[Replica, asyncio.subprocess.Process] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+
+    @staticmethod
+    def plan(cmd: str, replicas: int) -> list[tuple[str, list[str]]]:
+        """(url, argv) for each replica to start."""
+        out = []
+        for _ in range(replicas):
+            port = free_port()
+            out.append((f"http://127.0.0.1:{port}", shlex.split(cmd.replace("{port}", str(port)))))
+        return out
+
+    def add(self, env: str, argv: list[str], replica: Replica) -> None:
+        self.children.append((env, argv, replica))
+
+    async def start(self, app: object = None) -> None:
+        for env, argv, replica in self.children:
+            await self._launch(env, argv, replica)
+            self._tasks.append(asyncio.ensure_future(self._watch(env, argv, replica)))
+
+    async def _launch(self, env: str, argv: list[str], replica: Replica) -> None:
+        # Own process group: a terminal's Ctrl-C reaches the gateway, which then stops children in order.
+        proc = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
+        self.procs[replica], replica.pid = proc, proc.pid
+        log.info("%s replica %s started (pid %d): %s", env, replica.url, proc.pid, shlex.join(argv))
+
+    async def _watch(self, env: str, argv: list[str], replica: Replica) -> None:
+        backoff = 1.0
+        while True:
+            started = time.monotonic()
+            code = await self.procs[replica].wait()
+            if self._stopping:
+                return
+            if time.monotonic() - started > 60:
+                backoff = 1.0
+            replica.healthy, replica.last_error = False, f"process exited with {code}; restarting in {backoff:g}s"
+            log.warning("%s replica %s (pid %s) exited with %s; restarting in %gs", env, replica.url, replica.pid,
+                        code, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+            try:
+                await self._launch(env, argv, replica)
+                replica.restarts += 1
+            except OSError as e:  # the command itself is broken: keep trying, but say so
+                replica.last_error = f"cannot start {argv[0]}: {e}"
+                log.error("%s replica %s: %s", env, replica.url, replica.last_error)
+                await asyncio.sleep(backoff)
+
+    async def stop(self, app: object = None) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                await proc.wait()

@@ -1,0 +1,380 @@
+"""The gateway and its client against fake AgentGym backends (tests/agentgym_fake_backend.py), over real
+sockets on 127.0.0.1: episodes, the per-replica cap under 500 concurrent sessions, overload answers, timeouts,
+a replica killed mid-run, retry of creates, TTL reaping, every bad input, and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any, AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from env_gateway.client import (BackendFailed, BadRequest, GatewayClient, GatewayUnavailable, Overloaded,
+                                SessionGone)
+from env_gateway.config import EnvConfig, GatewayConfig
+from env_gateway.server import Gateway
+from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, free_port, running
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(coro: Any, timeout: float = 30.0) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@contextlib.asynccontextmanager
+async def gateway(envs: dict[str, list[str] | EnvConfig], port: int = 0,
+                  **settings: Any) -> AsyncIterator[tuple[Gateway, str]]:
+    """An in-process gateway on 127.0.0.1 in the running loop: yields (gateway, url)."""
+    cfg = GatewayConfig(envs={name: e if isinstance(e, EnvConfig) else EnvConfig(name, e) for name, e in envs.items()},
+                        **settings)
+    gw = Gateway(cfg)
+    runner = web.AppRunner(gw.app(), access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    try:
+        yield gw, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def play(client: GatewayClient, env: str, item: int) -> tuple[float, int]:
+    """One episode with the right actions; returns (final reward, steps)."""
+    async with client.session(env, item) as s:
+        assert s.observation == f"item {item} step 0: say '{expected_action(item, 0)}'"
+        while not s.done:
+            await s.step(expected_action(item, s.steps))
+            if not s.done:  # the observation belongs to this session's item: no cross-talk
+                assert s.observation.startswith(f"item {item} step {s.steps}:")
+        return s.reward, s.steps
+
+
+async def until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def raw(url: str, method: str, path: str, data: Any = None, **kw: Any) -> tuple[int, Any, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, url + path, data=data, timeout=aiohttp.ClientTimeout(total=10), **kw) as r:
+            return r.status, await r.json(content_type=None), r.headers
+
+
+def test_full_episode_and_close():
+    async def main():
+        async with running("agentgym", episode_len=4) as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
+            async with GatewayClient(url) as client:
+                assert await play(client, "babyai", 5) == (1.0, 4)
+                # wrong actions: the episode still ends, with reward 0
+                async with client.session("babyai", 6) as s:
+                    while not s.done:
+                        r = await s.step("move nowhere")
+                    assert (r.reward, r.done) == (0.0, True)
+                    sid = s.id
+                with pytest.raises(SessionGone, match="closed by the client"):
+                    await client.step(sid, "move 0")
+                assert backend.counts == {"create": 2, "reset": 2, "step": 8, "close": 2}
+                assert not backend.instances and not gw.sessions
+                envs = await client.envs()
+                assert envs["envs"]["babyai"]["replicas"][0]["healthy"] is True
+                assert (await client.health())["status"] == "ok"
+    run(main())
+
+
+def test_session_closes_on_error_and_cancellation():
+    async def main():
+        async with running("agentgym", episode_len=4) as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
+            async with GatewayClient(url) as client:
+                with pytest.raises(RuntimeError):
+                    async with client.session("babyai", 1):
+                        raise RuntimeError("agent crashed")
+                started = asyncio.Event()
+
+                async def episode():
+                    async with client.session("babyai", 2):
+                        started.set()
+                        await asyncio.sleep(60)
+                task = asyncio.ensure_future(episode())
+                await started.wait()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await until(lambda: backend.counts["close"] == 2)  # the close ran although its caller was cancelled
+                assert not gw.sessions
+    run(main())
+
+
+def test_cap_holds_under_500_concurrent_sessions():
+    cap, n, steps = 8, 500, 3
+
+    async def main():
+        async with running("agentgym", delay=0.002, episode_len=steps) as (backend, burl), \
+                gateway({"babyai": [burl]}, max_concurrency=cap, queue_timeout=60) as (gw, url):
+            async with GatewayClient(url, limit=n) as client:
+                results = await asyncio.gather(*(play(client, "babyai", i) for i in range(n)))
+            assert results == [(1.0, steps)] * n
+            assert backend.peak_inflight == cap  # pressed to the cap, never over it
+            assert backend.counts == {"create": n, "reset": n, "step": n * steps, "close": n}
+            assert not gw.sessions and gw.pools["babyai"].replicas[0].slots.used == 0
+    run(main(), timeout=50)
+
+
+def test_overload_gives_503_with_retry_after_and_sends_nothing():
+    async def main():
+        async with running("agentgym", delay=0.5) as (backend, burl), \
+                gateway({"babyai": [burl]}, max_concurrency=1, queue_timeout=0.1) as (gw, url):
+            client = GatewayClient(url, retry_overloaded=False)
+            async with client:
+                opened = await client.create("babyai", 1)
+                other = await client.create("babyai", 2)
+                first = asyncio.ensure_future(client.step(opened.session_id, "move 1"))
+                await until(lambda: backend.inflight == 1)  # the first step holds the only slot
+                status, body, headers = await raw(url, "POST", "/v1/sessions", json.dumps({"env": "babyai",
+                                                                                         "item_id": 2}))
+                assert status == 503 and body["error"] == "overloaded" and int(headers["Retry-After"]) >= 1
+                assert "limit of 1" in body["detail"] and "retry" in body["detail"]
+                with pytest.raises(Overloaded):
+                    await client.step(other.session_id, "move 2")  # refused, and not sent
+                await first
+                assert backend.counts["create"] == 2 and backend.counts["step"] == 1
+                # with retries on (the default), the client waits for the slot instead
+                retrying = GatewayClient(url, timeout=10)
+                r = await retrying.step(other.session_id, "move 2")
+                assert r.observation.startswith("item 2 step 1")
+                await retrying.aclose()
+    run(main())
+
+
+def test_step_timeout_fails_the_session_with_504():
+    async def main():
+        async with running("agentgym") as (backend, burl), \
+                gateway({"babyai": [burl]}, request_timeout=0.3) as (gw, url):
+            async with GatewayClient(url) as client:
+                opened = await client.create("babyai", 3)
+                t0 = time.monotonic()
+                with pytest.raises(BackendFailed) as e:
+                    await client.step(opened.session_id, "hang")
+                assert time.monotonic() - t0 < 5
+                assert e.value.status == 504 and e.value.backend == burl
+                assert "timed out after 0.3s" in e.value.detail and "open a new session" in e.value.detail
+                with pytest.raises(SessionGone, match="failed"):
+                    await client.step(opened.session_id, "move 0")
+                # a 5xx from the backend: 502, named
+                opened = await client.create("babyai", 4)
+                with pytest.raises(BackendFailed) as e:
+                    await client.step(opened.session_id, "crash")
+                assert e.value.status == 502 and "HTTP 500" in e.value.detail and burl in e.value.detail
+                assert gw.pools["babyai"].replicas[0].healthy  # the backend answered: it stays in rotation
+    run(main())
+
+
+def test_replica_killed_mid_run():
+    async def main():
+        with FakeBackendProcess("--episode-len", "50") as a, FakeBackendProcess("--episode-len", "50") as b:
+            async with gateway({"babyai": [a.url, b.url]}, health_interval=0.2) as (gw, url):
+                async with GatewayClient(url, timeout=20) as client:
+                    sessions = [await client.create("babyai", i) for i in range(10)]
+                    assert {s.backend for s in sessions} == {a.url, b.url}  # spread over both
+                    for s in sessions:
+                        await client.step(s.session_id, expected_action(int(s.observation.split()[1]), 0))
+                    a.kill()
+                    outcomes = await asyncio.gather(*(client.step(s.session_id, "move 1") for s in sessions),
+                                                    return_exceptions=True)
+                    for s, out in zip(sessions, outcomes):
+                        if s.backend == a.url:
+                            assert isinstance(out, BackendFailed) and out.backend == a.url
+                            assert a.url in out.detail
+                        else:
+                            assert out.observation.startswith("item")
+                    fresh = [await client.create("babyai", i) for i in range(6)]
+                    assert {s.backend for s in fresh} == {b.url}
+                    health = await client.health()
+                    assert health["status"] == "ok" and health["envs"]["babyai"]["healthy_replicas"] == 1
+                    # the replica comes back on its port: health checks return it to rotation
+                    with FakeBackendProcess("--episode-len", "50", port=a.port):
+                        await until(lambda: all(r.healthy for r in gw.pools["babyai"].replicas))
+                        more = [await client.create("babyai", i) for i in range(4)]
+                        assert a.url in {s.backend for s in more}  # least-loaded: the empty one gets work
+                        for s in fresh + more:
+                            await client.close(s.session_id)
+    run(main(), timeout=50)
+
+
+def test_create_retries_on_another_replica():
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+    async def main():
+        async with running("agentgym") as (backend, burl), \
+                gateway({"babyai": [dead, burl]}, health_interval=60) as (gw, url):
+            await until(lambda: not gw.pools["babyai"].replicas[0].healthy)  # the start-up health check found it
+            gw.pools["babyai"].replicas[0].healthy = True  # dead; pretend it has not, so creates try it first
+            async with GatewayClient(url) as client:
+                opened = [await client.create("babyai", i) for i in range(5)]
+            assert {o.backend for o in opened} == {burl} and backend.counts["create"] == 5
+            dead_replica = gw.pools["babyai"].replicas[0]
+            assert not dead_replica.healthy and "cannot connect" in dead_replica.last_error
+            samples = {s.name: s for m in text_string_to_metric_families(gw.metrics.render().decode())
+                       for s in m.samples}
+            assert samples["cope_gateway_create_retries_total"].value >= 1
+    run(main())
+
+
+def test_all_replicas_down_gives_clear_errors():
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def main():
+        async with gateway({"babyai": [dead]}, health_interval=0.1) as (gw, url):
+            await until(lambda: not gw.pools["babyai"].replicas[0].healthy)
+            status, body, headers = await raw(url, "POST", "/v1/sessions", json.dumps({"env": "babyai", "item_id": 1}))
+            assert status == 503 and body["error"] == "no_healthy_replica" and dead in body["detail"]
+            assert "Retry-After" in headers
+            status, body, _ = await raw(url, "GET", "/v1/health")
+            assert status == 503 and body["status"] == "degraded"
+            client = GatewayClient(url, timeout=1.5)
+            with pytest.raises(Overloaded):  # retried until its own deadline, then raised
+                await client.create("babyai", 1)
+            await client.aclose()
+    run(main())
+
+
+def test_idle_sessions_are_reaped_and_closed_on_the_backend():
+    async def main():
+        async with running("agentgym", episode_len=100) as (backend, burl), \
+                gateway({"babyai": [burl]}, session_ttl=0.6) as (gw, url):
+            async with GatewayClient(url) as client:
+                idle = await client.create("babyai", 1)
+                created = time.monotonic()
+                busy = await client.create("babyai", 2)
+                t = 0
+                while backend.counts["close"] == 0:  # keeps stepping (never idle for a whole TTL) until the reap
+                    await asyncio.sleep(0.05)
+                    await client.step(busy.session_id, expected_action(2, t))
+                    t += 1
+                    assert t < 200, "the idle session was never reaped"
+                assert time.monotonic() - created >= 0.6  # not before its TTL
+                assert backend.counts["close"] == 1 and 0 not in backend.instances  # the idle one, on the backend
+                with pytest.raises(SessionGone, match="expired: idle for more than 0.6s") as e:
+                    await client.step(idle.session_id, "move 1")
+                assert e.value.status == 410
+                assert await client.close(busy.session_id) is True
+                assert await client.close(idle.session_id) is False
+    run(main())
+
+
+def test_max_sessions():
+    async def main():
+        async with running("agentgym") as (backend, burl), gateway({"babyai": [burl]}, max_sessions=2) as (gw, url):
+            async with GatewayClient(url, retry_overloaded=False) as client:
+                a = await client.create("babyai", 1)
+                await client.create("babyai", 2)
+                with pytest.raises(Overloaded) as e:
+                    await client.create("babyai", 3)
+                assert e.value.error == "too_many_sessions" and "--max-sessions" in e.value.detail
+                await client.close(a.session_id)
+                await client.create("babyai", 3)  # room again
+    run(main())
+
+
+@pytest.mark.parametrize("method,path,body,status,error,hint", [
+    ("POST", "/v1/sessions", b"{not json", 400, "bad_json", "not valid JSON"),
+    ("POST", "/v1/sessions", b"[1, 2]", 400, "bad_json", "JSON object"),
+    ("POST", "/v1/sessions", b'{"item_id": 1}', 400, "missing_field", "'env'"),
+    ("POST", "/v1/sessions", b'{"env": "babyai"}', 400, "missing_field", "'item_id'"),
+    ("POST", "/v1/sessions", b'{"env": "nethack", "item_id": 1}', 404, "unknown_env", "known: babyai"),
+    ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": "abc"}', 400, "bad_item_id", "integer"),
+    ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": -1}', 400, "bad_item_id", ">= 0"),
+    ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 1, "seed": "x"}', 400, "bad_seed", "integer"),
+    ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 99999}', 422, "backend_rejected", "out of range"),
+    ("POST", "/v1/sessions/nope/step", b'{"action": "x"}', 404, "unknown_session", "POST /v1/sessions"),
+    ("DELETE", "/v1/sessions/nope", None, 404, "unknown_session", "POST /v1/sessions"),
+    ("POST", "/v1/sessions/{sid}/step", b"{}", 400, "missing_action", "'action'"),
+    ("POST", "/v1/sessions/{sid}/step", b'{"action": 3}', 400, "bad_action", "string"),
+    ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 1, "pad": "' + b"x" * 300_000 + b'"}', 413,
+     "body_too_large", "--max-body"),
+    ("GET", "/v2/whatever", None, 404, "not_found", "the API is"),
+    ("PUT", "/v1/sessions", b"{}", 405, "method_not_allowed", "the API is"),
+])
+def test_bad_input_gets_a_helpful_4xx(method, path, body, status, error, hint):
+    async def main():
+        async with running("agentgym") as (backend, burl), \
+                gateway({"babyai": [burl]}, max_body=100_000) as (gw, url):
+            async with GatewayClient(url) as client:
+                opened = await client.create("babyai", 1)
+                got, answer, _ = await raw(url, method, path.replace("{sid}", opened.session_id), body)
+                assert (got, answer["error"]) == (status, error), answer
+                assert hint in answer["detail"], answer
+                r = await client.step(opened.session_id, expected_action(1, 0))  # the gateway is unharmed
+                assert r.observation.startswith("item 1 step 1")
+    run(main())
+
+
+def test_concurrent_steps_on_one_session_get_409():
+    async def main():
+        async with running("agentgym", delay=0.3) as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
+            async with GatewayClient(url) as client:
+                s = await client.create("babyai", 1)
+                first = asyncio.ensure_future(client.step(s.session_id, "move 1"))
+                await until(lambda: gw.sessions[s.session_id].busy)
+                with pytest.raises(BadRequest, match="step in flight") as e:
+                    await client.step(s.session_id, "move 2")
+                assert e.value.status == 409
+                await first
+    run(main())
+
+
+def test_client_errors_without_a_gateway_and_across_event_loops():
+    port = free_port()
+    client = GatewayClient(f"http://127.0.0.1:{port}", timeout=2)
+
+    async def unreachable():
+        with pytest.raises(GatewayUnavailable, match="unreachable"):
+            await client.create("babyai", 1)
+        await client.aclose()
+
+    run(unreachable())
+
+    async def one_episode():
+        async with running("agentgym", episode_len=2) as (backend, burl), \
+                gateway({"babyai": [burl]}, port=port):
+            assert await play(client, "babyai", 3) == (1.0, 2)
+            http = client.http()
+            assert http is client.http()  # one HTTP session per loop, reused
+            await client.aclose()
+            return http
+
+    # the same client object in fresh event loops: each gets its own HTTP session
+    assert run(one_episode()) is not run(one_episode())
+
+
+def test_metrics_parse_as_prometheus_text():
+    async def main():
+        async with running("agentgym", episode_len=3) as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
+            async with GatewayClient(url) as client:
+                for item in range(4):
+                    await play(client, "babyai", item)
+                await raw(url, "POST", "/v1/sessions", b"{bad")
+                async with client.http().get(url + "/metrics") as r:
+                    assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+                    text = await r.text()
+        families = {m.name: m for m in text_string_to_metric_families(text)}
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in families.values() for s in m.samples}
+        assert samples[("cope_gateway_requests_total", (("code", "200"), ("endpoint", "step"), ("env", "babyai")))] == 12
+        assert samples[("cope_gateway_requests_total", (("code", "200"), ("endpoint", "create"), ("env", "babyai")))] == 4
+        assert samples[("cope_gateway_errors_total", (("endpoint", "create"), ("env", "-"), ("error", "bad_json")))] == 1
+        assert samples[("cope_gateway_overhead_seconds_count", (("endpoint", "step"), ("env", "babyai")))] == 12
+        assert samples[("cope_gateway_replica_up", (("env", "babyai"), ("replica", burl)))] == 1.0
+        assert samples[("cope_gateway_open_sessions", (("env", "babyai"),))] == 0
+        assert samples[("cope_gateway_sessions_opened_total", (("env", "babyai"),))] == 4
+        for name in ("cope_gateway_backend_seconds", "cope_gateway_request_seconds", "cope_gateway_queue_depth",
+                     "cope_gateway_inflight", "cope_gateway_queue_wait_seconds"):
+            assert name in families
+    run(main())

@@ -1,0 +1,176 @@
+"""``python -m env_gateway`` as users run it: --config YAML, --spawn with restarts, CLI errors, shutdown; and the
+gateway in front of each real built-in env server whose venv exists (.venvs/<name>, scripts/setup_env.sh)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from env_gateway.client import GatewayClient
+from tests.agentgym_fake_backend import ROOT, FakeBackendProcess, free_port
+from tests.env_server_proc import EnvServerProcess, venv_python
+from tests.test_gateway import gateway, play, run
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+class GatewayProcess:
+    """``python -m env_gateway`` on a free port; waits until /v1/health answers; SIGTERM on exit."""
+
+    def __init__(self, *args: str, ready: str = "answers", startup_timeout: float = 30):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "env_gateway", "--port", str(self.port), *args],
+                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                status, _ = get(self.url + "/v1/health", timeout=1)
+                if ready == "answers" or status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"gateway not {ready} within {startup_timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.proc.stdout.read().decode(errors="replace")[-4000:] if self.proc.poll() is not None else ""
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def __enter__(self) -> "GatewayProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def test_config_file_episode_and_clean_shutdown(tmp_path):
+    with FakeBackendProcess("--episode-len", "3") as backend:
+        cfg = tmp_path / "gateway.yaml"
+        cfg.write_text(f"max_concurrency: 4\nsession_ttl: 300\nenvs:\n  mybaby:\n    adapter: babyai\n"
+                       f"    urls: [{backend.url}]\n")
+        with GatewayProcess("--config", str(cfg), "--max-sessions", "7", ready="healthy") as gw:
+            _, envs = get(gw.url + "/v1/envs")
+            assert envs["max_sessions"] == 7  # the flag wins over the file's default
+            mybaby = envs["envs"]["mybaby"]
+            assert mybaby["adapter"] == "babyai" and mybaby["replicas"][0]["max_concurrency"] == 4
+
+            async def episodes():
+                async with GatewayClient(gw.url) as client:
+                    assert await play(client, "mybaby", 2) == (1.0, 3)
+                    await client.create("mybaby", 5)  # left open: shutdown must close it on the backend
+            run(episodes())
+            assert gw.stop() == 0
+        assert backend.stats()["open"] == 0 and backend.stats()["close"] == 2
+
+
+def test_spawned_replicas_restart_after_dying():
+    cmd = f"{sys.executable} -m tests.agentgym_fake_backend --host 127.0.0.1 --port {{port}} --episode-len 2"
+    with GatewayProcess("--spawn", f"fake:agentgym={cmd}:2", "--health-interval", "0.2", ready="healthy") as gw:
+        deadline = time.monotonic() + 20
+        while True:  # both replicas up
+            _, envs = get(gw.url + "/v1/envs")
+            replicas = envs["envs"]["fake"]["replicas"]
+            if all(r["healthy"] for r in replicas) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(replicas) == 2 and all(r["healthy"] and r["pid"] for r in replicas)
+        victim = replicas[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _, envs = get(gw.url + "/v1/envs")
+            now = next(r for r in envs["envs"]["fake"]["replicas"] if r["url"] == victim["url"])
+            if now["restarts"] == 1 and now["healthy"]:
+                break
+            time.sleep(0.1)
+        assert now["restarts"] == 1 and now["healthy"] and now["pid"] != victim["pid"]
+
+        async def episodes():
+            async with GatewayClient(gw.url, timeout=20) as client:
+                for item in range(4):
+                    assert await play(client, "fake", item) == (1.0, 2)
+        run(episodes())
+        pids = [r["pid"] for r in envs["envs"]["fake"]["replicas"]]
+        assert gw.stop() == 0
+    for pid in pids:  # the gateway stopped its children
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "no environments"),
+    (["--env", "babyai"], "expected NAME=URL"),
+    (["--env", "nethack=http://127.0.0.1:1"], "no adapter named 'nethack'"),
+    (["--env", "babyai=127.0.0.1:1"], "must start with http://"),
+    (["--spawn", "babyai=python -m x:2"], "must contain {port}"),
+    (["--spawn", "babyai=python -m x"], "expected NAME=CMD:N"),
+    (["--config", "/nonexistent/gw.yaml"], "no such file"),
+    (["--env", "babyai=http://127.0.0.1:1", "--max-concurrency", "0"], "max_concurrency must be >= 1"),
+])
+def test_cli_errors_say_what_to_fix(args, message):
+    out = subprocess.run([sys.executable, "-m", "env_gateway", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+# ---- the real built-in servers (issue 6), each from its own venv --------------------------------------------
+BUILTIN = ["babyai", "sciworld", "textcraft", "alfworld", "searchqa"]
+SERVER_ARGS = {"alfworld": ["--games", "tests/fixtures/alfworld"]}  # the small games the project ships
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_gateway_in_front_of_real_builtin_server(name):
+    if not os.path.exists(venv_python(name)):
+        pytest.skip(f".venvs/{name} is missing: run `bash scripts/setup_env.sh {name}` to test the gateway in front "
+                    f"of the real {name} server")
+    if not os.path.exists(os.path.join(ROOT, "env_gateway", "servers", f"{name}.py")):
+        pytest.skip(f"env_gateway/servers/{name}.py does not exist yet")
+    with EnvServerProcess(name, *SERVER_ARGS.get(name, []), startup_timeout=120) as server:
+        async def main():
+            async with gateway({name: [server.url]}, request_timeout=60) as (gw, url):
+                async with GatewayClient(url) as client:
+                    async with client.session(name, 0) as s:  # the server's expert, played through the gateway
+                        first = s.observation
+                        assert isinstance(first, str) and first.strip()
+                        assert server.ok("GET", "/")["instances"] == 1
+                        instance = gw.sessions[s.id].handle["id"]
+                        while not s.done and s.steps < 100:
+                            action = server.ok("GET", f"/expert?id={instance}")["action"]
+                            await s.step(action)
+                        assert s.done and s.reward > 0, (s.steps, s.observation)
+                    async with client.session(name, 0) as again:
+                        assert again.observation == first  # the same item gives the same first observation
+                        r = await again.step("xyzzy: not an action")  # invalid: an observation, not a 5xx
+                        assert isinstance(r.observation, str) and r.observation.strip() and r.reward == 0
+            assert server.ok("GET", "/")["instances"] == 0  # both closed on the backend
+        run(main(), timeout=80)

@@ -1,0 +1,125 @@
+"""The gateway's keep-alive HTTP/1.1 client (env_gateway/http1.py) against real servers on 127.0.0.1: aiohttp
+answers (sized and chunked), raw answers that close the connection, keep-alive reuse, timeouts, dead ports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+
+from env_gateway.http1 import Http1Pool, HttpError
+from tests.agentgym_fake_backend import free_port
+from tests.test_gateway import run
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def aiohttp_server():
+    seen = {"peers": set()}
+
+    async def echo(request: web.Request) -> web.Response:
+        seen["peers"].add(request.transport.get_extra_info("peername"))
+        return web.json_response({"path": request.path_qs, "body": (await request.read()).decode()})
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for part in (b'{"parts": ', b'[1, 2, ', b'3]}'):
+            await resp.write(part)
+            await asyncio.sleep(0.01)
+        await resp.write_eof()
+        return resp
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    app = web.Application()
+    app.add_routes([web.post("/echo", echo), web.get("/echo", echo), web.get("/chunked", chunked),
+                    web.post("/slow", slow)])
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", seen
+
+
+def test_sized_and_chunked_answers_and_keep_alive():
+    async def main():
+        runner, url, seen = await aiohttp_server()
+        pool = Http1Pool()
+        try:
+            for i in range(5):
+                status, body = await pool.request("POST", url, f"/echo?i={i}", json.dumps({"i": i}).encode(), 5)
+                assert status == 200 and json.loads(body) == {"path": f"/echo?i={i}", "body": f'{{"i": {i}}}'}
+            assert len(seen["peers"]) == 1  # one connection, reused
+            status, body = await pool.request("GET", url, "/chunked", None, 5)
+            assert status == 200 and json.loads(body) == {"parts": [1, 2, 3]}
+            status, body = await pool.request("GET", url, "/nope", None, 5)
+            assert status == 404
+            stale = Http1Pool(idle_timeout=0.05)  # an idle connection past its time is not reused
+            await stale.request("GET", url, "/echo", None, 5)
+            await asyncio.sleep(0.1)
+            await stale.request("GET", url, "/echo", None, 5)
+            stale.close()
+            assert len(seen["peers"]) == 3
+            results = await asyncio.gather(*(pool.request("POST", url, "/echo", str(i).encode(), 5) for i in range(50)))
+            assert [json.loads(b)["body"] for _, b in results] == [str(i) for i in range(50)]  # no mixed-up answers
+        finally:
+            pool.close()
+            await runner.cleanup()
+    run(main())
+
+
+def test_timeout_drops_the_connection_and_dead_ports_say_not_connected():
+    async def main():
+        runner, url, seen = await aiohttp_server()
+        pool = Http1Pool()
+        try:
+            with pytest.raises(HttpError, match="timed out after 0.2s") as e:
+                await pool.request("POST", url, "/slow", b"{}", 0.2)
+            assert e.value.timed_out and e.value.connected
+            assert not any(pool._idle.values())  # never reused: its late answer would reach the next request
+            status, _ = await pool.request("GET", url, "/echo", None, 5)
+            assert status == 200
+            with pytest.raises(HttpError, match="cannot connect") as e:
+                await pool.request("GET", f"http://127.0.0.1:{free_port()}", "/", None, 5)
+            assert not e.value.connected and not e.value.timed_out
+        finally:
+            pool.close()
+            await runner.cleanup()
+    run(main())
+
+
+def test_raw_answers_connection_close_read_to_close_and_lost_connections():
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[1, 2]",  # no length: read to the close
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"cut",  # cut short: an error, not a hang
+    ]
+
+    async def main():
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answers.pop(0))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        pool = Http1Pool()
+        try:
+            assert await pool.request("GET", url, "/", None, 5) == (200, b"{}")
+            assert await pool.request("GET", url, "/", None, 5) == (200, b"[1, 2]")
+            with pytest.raises(HttpError, match="connection lost") as e:
+                await pool.request("GET", url, "/", None, 5)
+            assert e.value.connected and not e.value.timed_out
+            assert not any(pool._idle.values())
+        finally:
+            pool.close()
+            server.close()
+            await server.wait_closed()
+    run(main())
