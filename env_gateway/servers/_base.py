@@ -89,6 +89,10 @@ class EnvServer:
         """How many data_idx values are valid (None: unbounded). Out-of-range reset -> 400."""
         return None
 
+    def reset_fields(self, data: dict) -> dict:
+        """Map an env's own /reset fields onto ``data_idx`` (e.g. ALFWorld's ``{id, game, world_type}``)."""
+        return data
+
     def extra_routes(self) -> list[web.RouteDef]:
         return []
 
@@ -136,7 +140,9 @@ class EnvServer:
         return web.json_response({"id": env_id})
 
     async def handle_reset(self, request: web.Request) -> web.Response:
-        data = await self.body(request, "id", "data_idx")
+        data = self.reset_fields(await self.body(request, "id"))
+        if "data_idx" not in data:
+            raise RequestError(400, "missing_field", "required field(s) missing: data_idx")
         env_id, inst = self.instance(data["id"])
         try:
             data_idx = int(data["data_idx"])

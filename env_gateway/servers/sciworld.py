@@ -1,0 +1,273 @@
+"""ScienceWorld (``scienceworld`` 1.2.3, Java 17) as an AgentGym-protocol server over a small pool of JVMs.
+
+Items: AgentGym's list. For every task in the package's task order except 5-1, 5-2, 9-* and 10-*, every variation
+0 .. max-1; ``data_idx`` indexes that list (4639 items with 1.2.3). Split: an item is in train, dev or test when its
+variation is in the package's own ``get_variations_train/dev/test()`` for its task.
+
+Responses as AgentGym's: reset -> {task_name, var_num, task_description, observation, reward: 0, score: 0, done};
+step -> {observation, reward, score, done}: score = round(100 * simulator score) (0-100; negative when the task
+failed), reward = score - previous score, done = task completed, or score < 0, or more than --step-limit moves.
+Text the simulator cannot parse is answered "No known action matches that input." and changes nothing.
+The item -> task mapping is fixed, but the simulator lists a room's contents in an order that follows the JVM's
+identity hash codes, so one item's first observation can differ between runs in the order of its listed objects.
+
+Fast step path: the package's ``ScienceWorldEnv.step`` also fetches the look/inventory/task texts and every valid
+action, which is most of its 0.1-0.6 s; here a step makes only the simulator's step, score, completed and
+move-count calls (a few ms) and applies the same formulas. Valid actions: GET /valid_actions?id=n.
+
+JVM pool, and why nothing deadlocks: a session is a record (item + the actions taken), not a JVM. Each call borrows
+one of --jvms JVMs only for its own duration: the JVM that still holds this session's state if it is free, else a
+free one (an idle JVM first, then the least recently used), where the session is restored by a load and by
+replaying its actions on the fast path. A call that waits for a JVM waits only for calls already running, each of
+which hands its JVM back when it returns, so no cycle of waits can form whatever the clients do (reset many
+sessions before stepping any, abandon sessions without /close). While no more than --jvms sessions are active,
+each keeps its JVM and nothing is replayed. Each JVM's heap is capped (--jvm-heap, default 512m). Caveat:
+ScienceWorld is not bit-exact between runs (listing order; a thermometer can read a degree differently on a
+replay), so a restored session may differ in such details.
+
+Expert (GET /expert): the package's gold action sequence for the item (generated once per item by a load with
+``generateGoldPath``, then cached), at its first action not yet taken: the position moves on when a step's
+action equals the next gold action.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from aiohttp import web
+from scienceworld import ScienceWorldEnv
+from scienceworld.constants import ID2TASK
+
+from env_gateway.servers._base import EnvServer, RequestError, serve
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    items: list[tuple[str, int]]  # data_idx -> (task name, variation)
+    splits: dict[str, list[int]]  # split -> data_idx values
+
+
+def build_catalogue(env: ScienceWorldEnv) -> Catalogue:
+    items, splits = [], {s: [] for s in SPLITS}
+    for task_id, task in ID2TASK.items():
+        if task_id in ("5-1", "5-2") or task_id.split("-")[0] in ("9", "10"):  # as AgentGym leaves them out
+            continue
+        env.load(task, 0, "")
+        in_split = {"train": set(env.get_variations_train()), "dev": set(env.get_variations_dev()),
+                    "test": set(env.get_variations_test())}
+        for var in range(env.get_max_variations(task)):
+            for split in SPLITS:
+                if var in in_split[split]:
+                    splits[split].append(len(items))
+            items.append((task, var))
+    return Catalogue(items, splits)
+
+
+@dataclass
+class Episode:
+    """One session: its item, the actions taken since reset, and where its state last lived."""
+
+    task: str | None = None
+    var: int = 0
+    actions: list[str] = field(default_factory=list)
+    score: int = 0
+    observation: str = ""
+    gold_pos: int = 0
+    jvm: "Jvm | None" = None
+
+
+@dataclass(eq=False)
+class Jvm:
+    env: ScienceWorldEnv
+    holder: Episode | None = None  # the episode whose state this JVM holds
+    last_used: float = 0.0
+
+
+class JvmPool:
+    def __init__(self, size: int, step_limit: int, heap: str = "512m"):
+        # The package starts each JVM itself, with Java's default heap cap (a quarter of the machine's memory):
+        # under many sessions a JVM grew past 1.5 GB. JAVA_TOOL_OPTIONS reaches the JVMs it starts.
+        java_opts = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -Xmx{heap} -XX:+UseSerialGC"
+        os.environ["JAVA_TOOL_OPTIONS"] = java_opts.strip()
+        with ThreadPoolExecutor(size) as starter:  # each JVM takes ~1 s to start: start them together
+            self.jvms = list(starter.map(lambda _: Jvm(ScienceWorldEnv("", envStepLimit=step_limit)), range(size)))
+        self.free = list(self.jvms)
+        self.cond = threading.Condition()
+
+    @contextmanager
+    def borrow(self, episode: Episode | None = None, restore: bool = True) -> Iterator[Jvm]:
+        """A JVM for one call: the episode's own when free, else the idlest; restored to the episode's state."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.free)
+            own = episode is not None and episode.jvm in self.free and episode.jvm.holder is episode
+            jvm = episode.jvm if own else min(self.free, key=lambda j: (j.holder is not None, j.last_used))
+            self.free.remove(jvm)
+        try:
+            if restore and episode is not None and jvm.holder is not episode:
+                self.restore(jvm, episode)
+            yield jvm
+        except BaseException:
+            jvm.holder = None  # its state is unknown after a failure
+            raise
+        finally:
+            with self.cond:
+                jvm.last_used = time.monotonic()
+                self.free.append(jvm)
+                self.cond.notify()
+
+    @staticmethod
+    def restore(jvm: Jvm, episode: Episode) -> None:
+        start(jvm, episode)
+        for action in episode.actions:
+            fast_step(jvm.env, action)
+
+    def release(self, episode: Episode) -> None:
+        with self.cond:
+            if episode.jvm is not None and episode.jvm.holder is episode:
+                episode.jvm.holder = None
+
+    def close(self) -> None:
+        for jvm in self.jvms:
+            jvm.env.close()
+
+
+def start(jvm: Jvm, episode: Episode) -> str:
+    """Load the episode's item and make the first move ("look around", as the package's reset does). A load builds
+    the world afresh; the package's reset() would build it a second time (as long again), so it is skipped."""
+    jvm.env.load(episode.task, episode.var, "")
+    jvm.holder, episode.jvm = episode, jvm
+    return fast_step(jvm.env, "look around")[0]
+
+
+def fast_step(env: ScienceWorldEnv, action: str) -> tuple[str, int, bool, int]:
+    """(observation, score 0-100, completed, moves) from four simulator calls, without the valid-action list."""
+    server = env.server
+    observation = server.step(action)
+    return observation, int(round(100 * server.getScore())), server.getCompleted(), server.getNumMoves()
+
+
+class SciWorldServer(EnvServer):
+    name = "sciworld"
+
+    def __init__(self, max_instances: int = 256, workers: int = 8, jvms: int = 4, step_limit: int = 100,
+                 jvm_heap: str = "512m"):
+        super().__init__(max_instances, workers)
+        self.step_limit = step_limit
+        self.jvms = JvmPool(jvms, step_limit, jvm_heap)
+        with self.jvms.borrow() as jvm:
+            self.catalogue = build_catalogue(jvm.env)
+        self.gold: dict[tuple[str, int], list[str]] = {}
+
+    @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--jvms", type=int, default=4, help="JVMs in the pool (150-450 MB each)")
+        parser.add_argument("--jvm-heap", default="512m", help="maximum Java heap of each JVM (-Xmx)")
+        parser.add_argument("--step-limit", type=int, default=100, help="moves after which an episode is done")
+
+    def num_items(self) -> int:
+        return len(self.catalogue.items)
+
+    def item_ids(self, split: str) -> list[int]:
+        return split_item_ids(self.catalogue, split)
+
+    def new_env(self) -> Episode:
+        return Episode()
+
+    def close_env(self, episode: Episode) -> None:
+        self.jvms.release(episode)
+
+    def reset(self, episode: Episode, data_idx: int) -> dict:
+        episode.task, episode.var = self.catalogue.items[data_idx]
+        episode.actions, episode.score, episode.gold_pos = [], 0, 0
+        with self.jvms.borrow(episode, restore=False) as jvm:
+            episode.observation = start(jvm, episode)
+            description = jvm.env.get_task_description()
+        return {"task_name": episode.task, "var_num": episode.var, "task_description": description,
+                "observation": episode.observation, "reward": 0, "score": 0, "done": False}
+
+    def step(self, episode: Episode, action: str) -> dict:
+        with self.jvms.borrow(episode) as jvm:
+            observation, score, completed, moves = fast_step(jvm.env, action)
+        episode.actions.append(action)
+        gold = self.gold.get((episode.task, episode.var))
+        if gold and episode.gold_pos < len(gold) and action == gold[episode.gold_pos]:
+            episode.gold_pos += 1
+        reward, episode.score, episode.observation = score - episode.score, score, observation
+        return {"observation": observation, "reward": reward, "score": score,
+                "done": bool(completed) or score < 0 or moves > self.step_limit}
+
+    def observation(self, episode: Episode) -> str:
+        return episode.observation
+
+    def valid_actions(self, episode: Episode) -> list[str]:
+        with self.jvms.borrow(episode) as jvm:
+            return jvm.env.get_valid_action_object_combinations()
+
+    def expert_action(self, episode: Episode) -> str:
+        key = (episode.task, episode.var)
+        if key not in self.gold:
+            with self.jvms.borrow() as jvm:
+                jvm.holder = None
+                jvm.env.load(episode.task, episode.var, "", generateGoldPath=True)
+                self.gold[key] = jvm.env.get_gold_action_sequence()
+            # Catch up on gold actions taken before the sequence was known.
+            for action in episode.actions:
+                if episode.gold_pos < len(self.gold[key]) and action == self.gold[key][episode.gold_pos]:
+                    episode.gold_pos += 1
+        gold = self.gold[key]
+        if episode.gold_pos >= len(gold):
+            raise RequestError(409, "expert_done", "every gold action has been taken; reset to start again")
+        return gold[episode.gold_pos]
+
+    async def handle_valid_actions(self, request: web.Request) -> web.Response:
+        env_id, inst = self.instance(request.query.get("id"))
+        if inst.data_idx is None:
+            raise RequestError(409, "not_reset", f"instance {env_id} has not been reset: POST /reset first")
+        async with inst.lock:
+            actions = await self.run_blocking(self.valid_actions, inst.env)
+        return web.json_response({"valid_actions": actions})
+
+    def extra_routes(self) -> list[web.RouteDef]:
+        return [web.get("/valid_actions", self.handle_valid_actions)]
+
+    def app(self) -> web.Application:
+        app = super().app()
+        app.on_cleanup.append(self._close_jvms)
+        return app
+
+    async def _close_jvms(self, app: web.Application) -> None:
+        self.jvms.close()
+
+
+def split_item_ids(catalogue: Catalogue, split: str) -> list[int]:
+    if split not in catalogue.splits:
+        raise RequestError(400, "bad_split", f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+    return list(catalogue.splits[split])
+
+
+@functools.cache
+def _catalogue() -> Catalogue:
+    env = ScienceWorldEnv("")
+    try:
+        return build_catalogue(env)
+    finally:
+        env.close()
+
+
+def item_ids(split: str) -> list[int]:
+    """Item ids of one split (for scripts/make_itemids.py); starts one JVM for a few seconds."""
+    return split_item_ids(_catalogue(), split)
+
+
+if __name__ == "__main__":
+    serve(SciWorldServer)

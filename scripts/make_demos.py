@@ -1,0 +1,106 @@
+"""Expert demonstrations from a real environment server, in the agent funcs' chat format.
+
+    python scripts/make_demos.py --env NAME --n N --out FILE.jsonl [--split train] [--offset 0] [--url URL]
+
+Starts ``.venvs/NAME/bin/python -m env_gateway.servers.NAME`` on a free 127.0.0.1 port (or uses ``--url``),
+takes the first N item ids of the split (after ``--offset``) from ``GET /items``, and for each: POST /create,
+POST /reset, then GET /expert -> POST /step until done (or ``--max-turns``), then POST /close. One JSON line per
+episode: ``{"env", "item_id", "reward" (summed), "success", "turns", "messages"}`` where messages are
+user: INSTRUCTIONS[env], assistant: ACKNOWLEDGEMENT, user: first observation, then per expert step
+assistant: "Thought:\\n<sentence>\\n\\nAction:\\n<action>" and user: the observation.
+Success: SciWorld needs a final score of 100; every other env a positive reward on the final, done step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from contextlib import nullcontext
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from agent_funcs.instructions import ACKNOWLEDGEMENT, INSTRUCTIONS  # noqa: E402
+from tests.env_server_proc import EnvServerProcess, call  # noqa: E402  (stdlib-only server launcher)
+
+
+def thought(action: str) -> str:
+    """A short reason for an expert action, from its form only (the expert gives no reasons)."""
+    words = action.split()
+    if action.startswith("<search>"):
+        return "I should look up the facts this question needs."
+    if action.startswith("<answer>"):
+        return "The retrieved passages contain the answer."
+    if words[:1] == ["get"]:
+        return f"I need {' '.join(words[2:])} as a basic ingredient."
+    if words[:1] == ["craft"]:
+        return f"I have what the recipe needs, so I craft {action.split(' using ')[0].split(' ', 2)[-1]}."
+    return f"The next step toward the goal is to {action}."
+
+
+def succeeded(env: str, last: dict) -> bool:
+    if env == "sciworld":
+        return bool(last.get("done")) and last.get("score") == 100
+    return bool(last.get("done")) and float(last.get("reward", 0)) > 0
+
+
+def ok(url: str, method: str, path: str, body: dict | None = None) -> dict:
+    status, out = call(url, method, path, body, timeout=120)
+    if status != 200:
+        raise RuntimeError(f"{method} {path} {body} -> HTTP {status}: {out}")
+    return out
+
+
+def episode(url: str, env: str, item_id: int, max_turns: int) -> dict:
+    env_id = ok(url, "POST", "/create")["id"]
+    try:
+        first = ok(url, "POST", "/reset", {"id": env_id, "data_idx": item_id})
+        messages = [{"role": "user", "content": INSTRUCTIONS[env]},
+                    {"role": "assistant", "content": ACKNOWLEDGEMENT},
+                    {"role": "user", "content": first["observation"]}]
+        last, total, turns = first, 0.0, 0
+        while not last.get("done") and turns < max_turns:
+            action = ok(url, "GET", f"/expert?id={env_id}")["action"]
+            last = ok(url, "POST", "/step", {"id": env_id, "action": action})
+            total += float(last.get("reward", 0))
+            turns += 1
+            messages.append({"role": "assistant", "content": f"Thought:\n{thought(action)}\n\nAction:\n{action}"})
+            messages.append({"role": "user", "content": last["observation"]})
+        return {"env": env, "item_id": str(item_id), "reward": total, "success": succeeded(env, last),
+                "turns": turns, "messages": messages}
+    finally:
+        call(url, "POST", "/close", {"id": env_id}, timeout=30)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", required=True, choices=sorted(INSTRUCTIONS))
+    parser.add_argument("--n", type=int, required=True, help="number of episodes")
+    parser.add_argument("--out", required=True, help="output JSONL file")
+    parser.add_argument("--split", default="train", choices=["train", "dev", "test"])
+    parser.add_argument("--offset", type=int, default=0, help="skip this many ids of the split first")
+    parser.add_argument("--url", help="a running server (default: start one from .venvs/<env>)")
+    parser.add_argument("--max-turns", type=int, default=200)
+    args = parser.parse_args(argv)
+
+    with (nullcontext() if args.url else EnvServerProcess(args.env)) as proc:
+        url = args.url or proc.url
+        ids = ok(url, "GET", f"/items?split={args.split}")["item_ids"][args.offset:args.offset + args.n]
+        if len(ids) < args.n:
+            print(f"make_demos: the {args.split} split has only {len(ids)} ids after offset {args.offset}",
+                  file=sys.stderr)
+        demos = [episode(url, args.env, item_id, args.max_turns) for item_id in ids]
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for demo in demos:
+            f.write(json.dumps(demo) + "\n")
+    wins = sum(d["success"] for d in demos)
+    print(f"make_demos: {args.env}: {wins}/{len(demos)} successful demos, "
+          f"{sum(d['turns'] for d in demos)} expert turns -> {args.out}")
+    return demos
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Run a built-in environment server as a subprocess from its own venv, and talk to it over HTTP.
+
+``EnvServerProcess(name, *args)`` starts ``.venvs/<name>/bin/python -m env_gateway.servers.<name> --host 127.0.0.1
+--port <free port> *args`` with the repository root as cwd, waits (bounded) until ``GET /`` answers, and kills the
+process on exit. ``call`` is a stdlib-only JSON client with a timeout on every request. Episode helpers
+(``expert_episode``, ``replay``, ``check_no_cross_talk``) drive the AgentGym protocol. The pytest helpers
+(``require_venv``, ``server_fixture``) skip with a clear reason when the venv has not been built. Stdlib + pytest
+only, so scripts (make_demos) and every test module can share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def venv_python(name: str) -> str:
+    return os.path.join(ROOT, ".venvs", name, "bin", "python")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(base_url: str, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, Any]:
+    """One JSON request; returns (status, decoded body). HTTP errors are returned, not raised."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base_url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except json.JSONDecodeError:
+            return e.code, raw.decode(errors="replace")
+
+
+class EnvServerProcess:
+    """A server subprocess bound to 127.0.0.1 on a free port; use as a context manager."""
+
+    def __init__(self, name: str, *args: str, python: str | None = None, startup_timeout: float = 60.0):
+        self.name, self.args = name, list(args)
+        self.python = python or venv_python(name)
+        self.startup_timeout = startup_timeout
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = tempfile.TemporaryFile()
+
+    def __enter__(self) -> "EnvServerProcess":
+        if not os.path.exists(self.python):
+            raise FileNotFoundError(f"{self.python} not found: run `bash scripts/setup_env.sh {self.name}` first")
+        cmd = [self.python, "-m", f"env_gateway.servers.{self.name}", "--host", "127.0.0.1",
+               "--port", str(self.port), *self.args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if call(self.url, "GET", "/", timeout=2)[0] == 200:
+                    return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"{self.name} server did not answer GET / within {self.startup_timeout}s:\n{self.output()}")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-5000:]
+
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, Any]:
+        return call(self.url, method, path, body, timeout)
+
+    def ok(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
+        """A request that must succeed: raises with the server's error body otherwise."""
+        status, out = call(self.url, method, path, body, timeout)
+        if status != 200:
+            raise AssertionError(f"{method} {path} {body} -> {status} {out}")
+        return out
+
+
+def expert_episode(server: EnvServerProcess, data_idx: int, max_turns: int = 200
+                   ) -> tuple[dict, list[tuple[str, dict]]]:
+    """create, reset, GET /expert -> POST /step until done or max_turns, close: (reset reply, [(action, reply)])."""
+    env_id = server.ok("POST", "/create")["id"]
+    try:
+        first = server.ok("POST", "/reset", {"id": env_id, "data_idx": data_idx})
+        steps, last = [], first
+        while not last.get("done") and len(steps) < max_turns:
+            action = server.ok("GET", f"/expert?id={env_id}")["action"]
+            last = server.ok("POST", "/step", {"id": env_id, "action": action})
+            steps.append((action, last))
+        return first, steps
+    finally:
+        server.call("POST", "/close", {"id": env_id})
+
+
+def replay(server: EnvServerProcess, data_idx: int, actions: list[str], barrier: threading.Barrier | None = None
+           ) -> list[dict]:
+    """create, reset, [wait for every other session to exist], step each action, close: the replies in order."""
+    env_id = server.ok("POST", "/create")["id"]
+    try:
+        replies = [server.ok("POST", "/reset", {"id": env_id, "data_idx": data_idx})]
+        if barrier is not None:
+            barrier.wait(timeout=60)
+        for action in actions:
+            replies.append(server.ok("POST", "/step", {"id": env_id, "action": action}))
+        return replies
+    finally:
+        server.call("POST", "/close", {"id": env_id})
+
+
+def concurrent_replays(server: EnvServerProcess, jobs: list[tuple[int, list[str]]]) -> list[list[dict]]:
+    """Every (data_idx, actions) job in its own session, all sessions open at once (one thread each)."""
+    barrier = threading.Barrier(len(jobs))
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(replay, server, idx, actions, barrier) for idx, actions in jobs]
+        return [f.result(timeout=120) for f in futures]
+
+
+def check_no_cross_talk(server: EnvServerProcess, data_indices: list[int], steps: int) -> None:
+    """The first ``steps`` expert actions of each item, replayed in concurrent sessions, give exactly the replies
+    a session alone got: no errors, and no session sees another's state."""
+    jobs, expected = [], []
+    for idx in data_indices:
+        first, episode = expert_episode(server, idx, max_turns=steps)
+        jobs.append((idx, [a for a, _ in episode]))
+        expected.append([first, *(reply for _, reply in episode)])
+    got = concurrent_replays(server, jobs)
+    for (idx, _), want, have in zip(jobs, expected, got):
+        assert have == want, f"data_idx {idx}: concurrent session diverged from the lone run"
+    assert server.ok("GET", "/")["instances"] == 0
+
+
+def require_venv(name: str) -> None:
+    import pytest
+
+    if not os.path.exists(venv_python(name)):
+        pytest.skip(f".venvs/{name} is missing: run `bash scripts/setup_env.sh {name}` to test the {name} server")
+
+
+def server_fixture(name: str, *args: str, scope: str = "module"):
+    """A pytest fixture that yields a running EnvServerProcess (skips when .venvs/<name> is missing)."""
+    import pytest
+
+    @pytest.fixture(scope=scope)
+    def _server():
+        require_venv(name)
+        with EnvServerProcess(name, *args) as proc:
+            yield proc
+
+    return _server
+
+
+if __name__ == "__main__":  # manual smoke run: python tests/env_server_proc.py NAME
+    with EnvServerProcess(sys.argv[1], *sys.argv[2:]) as p:
+        print(p.ok("GET", "/"))

@@ -1,0 +1,116 @@
+"""The ALFWorld server, run for real from .venvs/alfworld on the hand-written games in tests/fixtures/alfworld.
+
+The fixture folder is laid out like $ALFWORLD_DATA: three train games (pick-and-place, clean, heat), two in
+valid_unseen (the test split: look-under-lamp, cool) and one in valid_seen (the dev split), so data_idx 0-2 are
+train, 3-4 test, 5 dev.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.env_server_proc import EnvServerProcess, require_venv, server_fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+GAMES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "alfworld")
+TASKS = ["put a mug in coffeemachine", "put a clean plate in cabinet", "put a hot apple in countertop",
+         "look at book under the desklamp", "put a cool tomato in diningtable", "put a cellphone in drawer"]
+
+server = server_fixture("alfworld", "--games", GAMES)
+
+
+def play_expert(proc: EnvServerProcess, env_id: int, max_steps: int = 40) -> list[dict]:
+    steps = []
+    while not (steps and steps[-1]["done"]) and len(steps) < max_steps:
+        action = proc.ok("GET", f"/expert?id={env_id}")["action"]
+        steps.append({"action": action, **proc.ok("POST", "/step", {"id": env_id, "action": action})})
+    return steps
+
+
+def test_items_follow_the_game_folders(server):
+    splits = {s: server.ok("GET", f"/items?split={s}")["item_ids"] for s in ("train", "dev", "test")}
+    assert splits == {"train": [0, 1, 2], "test": [3, 4], "dev": [5]}
+    env_id = server.ok("POST", "/create")["id"]
+    for idx in splits["test"]:
+        task_type = server.ok("POST", "/reset", {"id": env_id, "data_idx": idx})["task_type"]
+        assert task_type.split("-")[0] in ("look_at_obj_in_light", "pick_cool_then_place_in_recep")
+    server.ok("POST", "/close", {"id": env_id})
+
+
+@pytest.mark.parametrize("idx", range(6))
+def test_planner_expert_wins_every_shipped_game(server, idx):
+    env_id = server.ok("POST", "/create")["id"]
+    reset = server.ok("POST", "/reset", {"id": env_id, "game": idx, "world_type": "Text"})  # AgentGym's fields
+    assert reset["observation"].startswith("You are in the middle of a room.")
+    assert reset["observation"].endswith(f"Your task is to: {TASKS[idx]}.") and "Welcome" not in reset["observation"]
+    assert "look" in reset["available_actions"] and "inventory" in reset["available_actions"]
+
+    garbage = server.ok("POST", "/step", {"id": env_id, "action": "fly to the moon"})
+    assert garbage == {"observation": "Nothing happens.", "reward": 0.0,
+                       "available_actions": reset["available_actions"], "done": False}
+
+    steps = play_expert(server, env_id)
+    assert steps[-1]["done"] and steps[-1]["reward"] == 1.0  # won
+    assert all(s["reward"] == 0.0 and not s["done"] for s in steps[:-1])
+    assert all(s["action"] in prev["available_actions"] for prev, s in zip([reset, *steps], steps))
+    assert server.ok("GET", f"/observation?id={env_id}")["observation"] == steps[-1]["observation"]
+    assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
+
+
+def test_bad_requests_get_clear_errors(server):
+    env_id = server.ok("POST", "/create")["id"]
+    status, body = server.call("POST", "/reset", {"id": env_id, "game": 0, "world_type": "Embody"})
+    assert status == 400 and "Text" in body["detail"]
+    assert server.call("POST", "/reset", {"id": env_id, "data_idx": 6})[1]["error"] == "bad_data_idx"
+    assert server.call("POST", "/reset", {"id": env_id})[1]["error"] == "missing_field"
+    assert server.call("POST", "/step", {"id": env_id, "action": "look"})[0] == 409  # not reset yet
+    assert server.call("GET", "/items?split=valid")[0] == 400
+    server.ok("POST", "/close", {"id": env_id})
+
+
+@pytest.mark.parametrize("n_steps", [pytest.param(3, id="first-3-steps"),
+                                     pytest.param(None, id="whole-episodes", marks=pytest.mark.slow)])
+def test_fifty_concurrent_sessions_without_cross_talk(server, n_steps):
+    """50 sessions (each of the six games 8-9 times) at once, each stepping through its game's recorded expert
+    actions (the first n_steps, or all of them); each must see exactly its own game's observations."""
+    reference = {}
+    for idx in range(6):
+        env_id = server.ok("POST", "/create")["id"]
+        first = server.ok("POST", "/reset", {"id": env_id, "data_idx": idx})["observation"]
+        steps = play_expert(server, env_id)[:n_steps]
+        reference[idx] = (first, [s["action"] for s in steps], [s["observation"] for s in steps], steps[-1])
+        server.ok("POST", "/close", {"id": env_id})
+
+    def episode(k: int) -> tuple[int, list[str], dict]:
+        idx = k % 6
+        env_id = server.ok("POST", "/create")["id"]
+        seen = [server.ok("POST", "/reset", {"id": env_id, "data_idx": idx}, timeout=60)["observation"]]
+        for action in reference[idx][1]:
+            result = server.ok("POST", "/step", {"id": env_id, "action": action}, timeout=60)
+            seen.append(result["observation"])
+        server.ok("POST", "/close", {"id": env_id})
+        return idx, seen, result
+
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(episode, range(50)))
+    for idx, seen, last in results:
+        first, _, observations, expected_last = reference[idx]
+        assert seen == [first, *observations]
+        assert (last["reward"], last["done"]) == (expected_last["reward"], expected_last["done"])
+    assert server.ok("GET", "/")["instances"] == 0
+
+
+def test_same_item_same_first_observation_across_restarts(server):
+    require_venv("alfworld")
+    with EnvServerProcess("alfworld", "--games", GAMES) as fresh:
+        for proc_a, proc_b in [(server, fresh)]:
+            for idx in range(6):
+                a, b = proc_a.ok("POST", "/create")["id"], proc_b.ok("POST", "/create")["id"]
+                assert proc_a.ok("POST", "/reset", {"id": a, "data_idx": idx}) == \
+                    proc_b.ok("POST", "/reset", {"id": b, "data_idx": idx})
+                proc_a.ok("POST", "/close", {"id": a})
+                proc_b.ok("POST", "/close", {"id": b})

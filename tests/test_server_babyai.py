@@ -1,0 +1,82 @@
+"""The BabyAI server, run for real from .venvs/babyai: text view, high-level actions, bot expert, sessions."""
+
+import json
+
+import pytest
+
+from tests.env_server_proc import EnvServerProcess, check_no_cross_talk, expert_episode, require_venv, server_fixture
+
+pytestmark = pytest.mark.timeout(120)
+server = server_fixture("babyai")
+LEVELS = 40
+
+
+def test_expert_solves_every_level_through_the_high_level_actions(server):
+    # item ids 0..39: seed 0 of each of the 40 levels; the reply names the level it loaded.
+    levels = set()
+    for data_idx in range(LEVELS):
+        first, steps = expert_episode(server, data_idx, max_turns=200)
+        levels.add(first["level"])
+        assert first["observation"].startswith("Your goal: ")
+        assert "Available actions: [" in first["observation"]
+        action, last = steps[-1]
+        assert last["done"], f"{first['level']}: not done after {len(steps)} expert actions"
+        assert 0 < last["reward"] <= 1, f"{first['level']}: success reward must be 1 - 0.9 * steps / max_steps"
+        assert last["score"] == pytest.approx(sum(r["reward"] for _, r in steps))
+        assert all(r["reward"] == 0 and not r["done"] for _, r in steps[:-1])
+    assert len(levels) == LEVELS
+
+
+def test_go_to_ends_facing_the_object_and_pick_up_carries_it(server):
+    env_id = server.ok("POST", "/create")["id"]
+    first = server.ok("POST", "/reset", {"id": env_id, "data_idx": 29})
+    assert first["level"] == "BabyAI-PickupLoc-v0" and first["seed"] == 0
+    obs = first["observation"]
+    goto = next(a for a in _available(obs) if a.startswith("go to ") and "door" not in a)
+    target = goto[len("go to "):].rsplit(" ", 1)[0]  # "red ball 1" -> "red ball"
+    after = server.ok("POST", "/step", {"id": env_id, "action": goto})
+    if not after["done"]:
+        assert f"In front of you: the {target} " in after["observation"]
+        pick = next(a for a in _available(after["observation"]) if a.startswith(f"pick up {target}"))
+        after = server.ok("POST", "/step", {"id": env_id, "action": pick})
+        assert after["done"] or f"You are carrying: a {target}." in after["observation"]
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_garbage_action_is_an_invalid_action_not_an_error(server):
+    env_id = server.ok("POST", "/create")["id"]
+    first = server.ok("POST", "/reset", {"id": env_id, "data_idx": 1})
+    reply = server.ok("POST", "/step", {"id": env_id, "action": "fly to the moon"})
+    assert reply["observation"].startswith("Invalid action: 'fly to the moon'")
+    assert reply["reward"] == 0 and reply["done"] is False
+    # nothing moved: the view is the one from reset
+    assert server.ok("GET", f"/observation?id={env_id}")["observation"] == first["observation"]
+    assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
+    status, body = server.call("POST", "/step", {"id": env_id, "action": "turn left"})
+    assert status == 404 and body["error"] == "unknown_id"
+
+
+def test_fifty_concurrent_sessions_follow_their_own_items(server):
+    check_no_cross_talk(server, list(range(50)), steps=3)
+
+
+def test_same_item_same_first_observation_across_restarts(server):
+    require_venv("babyai")
+    ids = [0, 57, 1234]
+    firsts = [expert_episode(server, i, max_turns=0)[0] for i in ids]
+    with EnvServerProcess("babyai") as other:
+        assert [expert_episode(other, i, max_turns=0)[0] for i in ids] == firsts
+    assert firsts[0]["observation"] != firsts[1]["observation"]
+
+
+def test_item_splits_are_disjoint_and_bad_ids_are_rejected(server):
+    splits = {s: set(server.ok("GET", f"/items?split={s}")["item_ids"]) for s in ("train", "dev", "test")}
+    assert splits["test"] and not splits["test"] & splits["train"] and not splits["dev"] & splits["train"]
+    env_id = server.ok("POST", "/create")["id"]
+    status, body = server.call("POST", "/reset", {"id": env_id, "data_idx": 10 ** 9})
+    assert status == 400 and "out of range" in body["detail"]
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def _available(observation: str) -> list[str]:
+    return json.loads(observation.rsplit("Available actions: ", 1)[1])

@@ -1,0 +1,116 @@
+"""The ScienceWorld server, run for real from .venvs/sciworld (Java 17) on 127.0.0.1.
+
+ScienceWorld lists the contents of a room in an order that is not reproducible (it follows the JVM's identity hash
+codes: the same item, even as the first reset of a fresh server, can list three paint cups in different orders),
+so observations are compared as multisets of lines; task, variation and task description exactly.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.env_server_proc import EnvServerProcess, require_venv, server_fixture
+
+pytestmark = pytest.mark.timeout(180)
+
+# data_idx 2936 is task 4-1 (find-living-thing) variation 0, a train item with a 6-action gold path.
+FIND_LIVING_THING = 2936
+UNKNOWN_ACTION = "No known action matches that input."
+
+server = server_fixture("sciworld", "--jvms", "2")
+
+
+def lines(observation: str) -> list[str]:
+    return sorted(line.strip() for line in observation.splitlines() if line.strip())
+
+
+def test_expert_reaches_full_score_and_garbage_is_an_invalid_action(server):
+    env_id = server.ok("POST", "/create")["id"]
+    reset = server.ok("POST", "/reset", {"id": env_id, "data_idx": FIND_LIVING_THING})
+    assert (reset["task_name"], reset["var_num"], reset["score"], reset["done"]) == ("find-living-thing", 0, 0, False)
+    assert "living thing" in reset["task_description"] and reset["observation"].startswith("This ")
+
+    garbage = server.ok("POST", "/step", {"id": env_id, "action": "xyzzy plugh"})
+    assert garbage == {"observation": UNKNOWN_ACTION, "reward": 0, "score": 0, "done": False}
+
+    rewards, result = [], None
+    for _ in range(30):
+        action = server.ok("GET", f"/expert?id={env_id}")["action"]
+        result = server.ok("POST", "/step", {"id": env_id, "action": action})
+        rewards.append(result["reward"])
+        if result["done"]:
+            break
+    assert result["done"] and result["score"] == 100
+    assert sum(rewards) == 100 and all(r >= 0 for r in rewards)  # reward is the score delta
+    assert server.ok("GET", f"/observation?id={env_id}")["observation"] == result["observation"]
+    assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
+    assert server.call("POST", "/step", {"id": env_id, "action": "look around"})[0] == 404
+
+
+def test_valid_actions_endpoint_and_bad_requests(server):
+    env_id = server.ok("POST", "/create")["id"]
+    assert server.call("GET", f"/valid_actions?id={env_id}")[0] == 409  # not reset yet
+    assert server.call("POST", "/step", {"id": env_id, "action": "look around"})[0] == 409
+    n_items = sum(len(server.ok("GET", f"/items?split={s}")["item_ids"]) for s in ("train", "dev", "test"))
+    status, body = server.call("POST", "/reset", {"id": env_id, "data_idx": n_items})
+    assert status == 400 and body["error"] == "bad_data_idx"
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": FIND_LIVING_THING})
+    actions = server.ok("GET", f"/valid_actions?id={env_id}")["valid_actions"]
+    assert "look around" in actions and any(a.startswith("focus on ") for a in actions)
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_item_splits_follow_the_package_variations(server):
+    splits = {s: server.ok("GET", f"/items?split={s}")["item_ids"] for s in ("train", "dev", "test")}
+    assert len(splits["train"]) == 2312 and len(splits["dev"]) == 1156 and len(splits["test"]) == 1171
+    everything = splits["train"] + splits["dev"] + splits["test"]
+    assert sorted(everything) == list(range(4639))  # disjoint, and every item is in one split
+    assert server.call("GET", "/items?split=valid")[0] == 400
+    # 4-1 variation 0 is a train variation; the first dev item is boil variation 14 (the package's split).
+    assert FIND_LIVING_THING in splits["train"] and splits["dev"][0] == 14
+
+
+def test_fifty_concurrent_sessions_share_two_jvms_without_cross_talk(server):
+    """All 50 sessions are reset before any steps (a pinned JVM per session would deadlock here), then all
+    step at once; every observation must be the one its own item gives when played alone."""
+    items = [0, 35, 130, 700, 1500, 2940, 3300, 4000, 4500, 4630]
+    actions = ["look around", "inventory", "look around"]
+
+    def play_alone(item):
+        env_id = server.ok("POST", "/create")["id"]
+        first = server.ok("POST", "/reset", {"id": env_id, "data_idx": item})["observation"]
+        rest = [server.ok("POST", "/step", {"id": env_id, "action": a})["observation"] for a in actions]
+        server.ok("POST", "/close", {"id": env_id})
+        return [lines(o) for o in [first, *rest]]
+
+    reference = {item: play_alone(item) for item in items}
+    assert len({str(ref[0]) for ref in reference.values()}) > 5  # the items really differ
+
+    ids = [server.ok("POST", "/create")["id"] for _ in range(50)]
+    with ThreadPoolExecutor(50) as pool:
+        firsts = list(pool.map(lambda k: server.ok("POST", "/reset", {"id": ids[k], "data_idx": items[k % 10]},
+                                                   timeout=120)["observation"], range(50)))
+        seen = [[lines(o)] for o in firsts]
+        for action in actions:
+            steps = list(pool.map(lambda k: server.ok("POST", "/step", {"id": ids[k], "action": action},
+                                                      timeout=120), range(50)))
+            for k, step in enumerate(steps):
+                seen[k].append(lines(step["observation"]))
+        list(pool.map(lambda k: server.ok("POST", "/close", {"id": ids[k]}), range(50)))
+    for k in range(50):
+        assert seen[k] == reference[items[k % 10]], f"session {k} (item {items[k % 10]}) saw another item's text"
+    assert server.ok("GET", "/")["instances"] == 0
+
+
+def test_same_item_same_first_observation_across_restarts():
+    require_venv("sciworld")
+    item = 130  # use-thermometer variation 10, in the art studio
+    firsts = []
+    for _ in range(2):
+        with EnvServerProcess("sciworld", "--jvms", "1") as fresh:
+            env_id = fresh.ok("POST", "/create")["id"]
+            firsts.append(fresh.ok("POST", "/reset", {"id": env_id, "data_idx": item}))
+    a, b = ({**f, "observation": lines(f["observation"])} for f in firsts)
+    assert a == b and a["task_name"] == "use-thermometer" and a["var_num"] == 10

@@ -1,0 +1,71 @@
+"""The TextCraft server, run for real from .venvs/textcraft: goals by data_idx, crafting-plan expert, sessions."""
+
+import re
+
+import pytest
+
+from tests.env_server_proc import EnvServerProcess, check_no_cross_talk, expert_episode, require_venv, server_fixture
+
+pytestmark = pytest.mark.timeout(120)
+server = server_fixture("textcraft")
+
+
+@pytest.mark.parametrize("data_idx", [0, 5, 130, 418])  # the deepest goals first, the shallowest last
+def test_expert_crafts_the_goal(server, data_idx):
+    first, steps = expert_episode(server, data_idx, max_turns=100)
+    goal = re.search(r"Goal: craft (.+)\.$", first["observation"]).group(1)
+    assert first["goal"] == goal
+    last = steps[-1][1]
+    assert last["reward"] == 1 and last["done"] is True
+    assert re.fullmatch(rf"Crafted \d+ minecraft:{goal.replace(' ', '_')}", last["observation"])
+    assert all(r["reward"] == 0 and not r["done"] for _, r in steps[:-1])
+    # every expert action was accepted by the game (no "Could not ..." failure)
+    assert all(r["observation"].startswith(("Got ", "Crafted ")) for _, r in steps)
+
+
+def test_garbage_and_failed_commands(server):
+    env_id = server.ok("POST", "/create")["id"]
+    first = server.ok("POST", "/reset", {"id": env_id, "data_idx": 3})
+    reply = server.ok("POST", "/step", {"id": env_id, "action": "dance around"})
+    assert reply["observation"].startswith("Invalid action: 'dance around'") and "get <count> <item>" in \
+        reply["observation"]
+    assert reply["reward"] == 0 and reply["done"] is False
+    # a well-formed command the game refuses is the game's own message, not an error
+    reply = server.ok("POST", "/step", {"id": env_id, "action": f"craft 1 {first['goal']} using 9 stick"})
+    assert reply["observation"].startswith("Could not") and reply["reward"] == 0 and not reply["done"]
+    assert server.ok("POST", "/step", {"id": env_id, "action": "inventory"})["observation"] == \
+        "Inventory: You are not carrying anything."
+    assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
+    assert server.call("POST", "/step", {"id": env_id, "action": "inventory"})[0] == 404
+
+
+def test_tag_ingredients_must_be_named_concretely(server):
+    # stick: "craft 4 stick using 2 planks" only works with a concrete plank type
+    env_id = server.ok("POST", "/create")["id"]
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})
+    step = lambda a: server.ok("POST", "/step", {"id": env_id, "action": a})["observation"]  # noqa: E731
+    assert step("get 2 oak planks") == "Could not find oak planks"  # craftable items cannot be taken
+    assert step("get 1 oak logs") == "Got 1 oak logs"
+    assert step("craft 4 oak planks using 1 oak logs") == "Crafted 4 minecraft:oak_planks"
+    assert step("craft 4 stick using 2 planks").startswith("Could not")
+    assert step("craft 4 stick using 2 oak planks") == "Crafted 4 minecraft:stick"
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_fifty_concurrent_sessions_follow_their_own_items(server):
+    check_no_cross_talk(server, list(range(0, 400, 8)), steps=3)
+
+
+def test_same_item_same_first_observation_across_restarts(server):
+    require_venv("textcraft")
+    ids = [0, 77, 418]
+    firsts = [expert_episode(server, i, max_turns=0)[0] for i in ids]
+    with EnvServerProcess("textcraft") as other:
+        assert [expert_episode(other, i, max_turns=0)[0] for i in ids] == firsts
+    assert len({f["goal"] for f in firsts}) == 3
+
+
+def test_item_splits_cover_the_goals_once(server):
+    splits = {s: server.ok("GET", f"/items?split={s}")["item_ids"] for s in ("train", "dev", "test")}
+    ids = splits["train"] + splits["dev"] + splits["test"]
+    assert sorted(ids) == list(range(419)) and len(splits["test"]) == 60
