@@ -1,0 +1,333 @@
+"""The shared agent func: OpenRLHF's ``MultiTurnAgentExecutor`` playing one gateway session per episode.
+
+An env file subclasses ``GatewayAgent`` (env name, instruction, turn limit, reward shaping) and exposes
+``class AgentExecutor(GatewayAgentExecutor): agent_cls = ThatAgent``; ``--train.agent_func_path
+agent_funcs/<env>.py`` is then all an OpenRLHF run needs. A prompt-dataset row is
+``{"prompt": "<env>/<item_id>", "label": "<item_id>"}``.
+
+Episode contract (token in, token out: the policy's tokens are never re-tokenized):
+  first prompt  = chat_template([user: instruction, assistant: acknowledgement, user: first observation],
+                  add_generation_prompt=True)
+  feedback_t    = the template's text between an assistant reply and the next one, with the observation as the
+                  user turn (``<|im_end|>\\n<|im_start|>user\\n{obs}<|im_end|>\\n<|im_start|>assistant\\n`` for
+                  ChatML), minus the end-of-turn token when the sampled action already ends with it
+  action_t      = ``parse_action(reply)``: the first non-empty line after the last ``Action:``; a reply with
+                  none is an invalid action (not sent to the env; "Invalid action" observation; reward 0)
+  reward_t      = score(after t) - score(after t-1), so the executor's sum over steps is the episode score:
+                  ``score(env_total, last_env_reward, done)`` per env (e.g. SciWorld 1 iff done with 100);
+                  an episode ended by a gateway failure or the deadline scores 0
+
+The episode ends when the env says done, after ``max_turns`` actions (MAX_TURNS, or the ScalingInter-RL
+horizon HORIZON_SCHEDULE at the current training step), at the per-episode deadline, or on any gateway failure
+(logged with its reason; the sample stays in its GRPO group with reward 0). The session is closed on every exit,
+also on error and cancellation. ``extra_logs``: turns, invalid_actions, env_time_s, success, env_failed, horizon.
+
+Environment (set by the launcher; read at the start of every episode):
+  COPE_GATEWAY_URL          gateway base URL (default http://127.0.0.1:8800)
+  MAX_TURNS                 actions per episode (default: the env's own, e.g. BabyAI 20)
+  HORIZON_SCHEDULE          ScalingInter-RL horizons per stage, e.g. "6,13,20" (overrides MAX_TURNS)
+  HORIZON_STAGE_STEPS       training steps per stage (default 100)
+  COPE_TRAIN_STEP_FILE      file holding the current training step (the trainer rewrites it every step: write a
+                            temporary file, then rename it), or
+  HORIZON_EPISODES_PER_STEP episodes this engine runs per training step (step = episodes started // this)
+  EPISODE_TIMEOUT_S         an episode's wall-clock budget from its start, seconds (default 900): no env call
+                            starts after it or runs past it
+  ENV_CALL_TIMEOUT_S        deadline of one gateway call, seconds (default 120)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+
+from agent_funcs.instructions import ACKNOWLEDGEMENT
+from env_gateway.client import EnvSession, GatewayClient
+
+log = logging.getLogger("agent_funcs")
+
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:8800"
+REACT_FORMAT = ("Answer every turn in this format:\nThought:\n<one or two sentences about what to do next>\n\n"
+                "Action:\n<exactly one action>\n")
+INVALID_ACTION = ("Invalid action: your reply has no action. End every reply with a line \"Action:\" followed by "
+                  "exactly one action on the next line.")
+
+
+def parse_react_action(reply: str) -> str | None:
+    """The first non-empty line after the last ``Action:`` in a ReAct reply; None when there is none."""
+    _, sep, tail = reply.rpartition("Action:")
+    if not sep:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[0] if lines else None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw.strip() else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {raw!r}")
+    return value
+
+
+def _env_int(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class TurnLimit:
+    """Fixed ``max_turns``, or a ScalingInter-RL schedule: horizon = schedule[min(step // stage_steps, last)]."""
+
+    max_turns: int
+    schedule: tuple[int, ...] = ()
+    stage_steps: int = 100
+    step_file: str | None = None
+    episodes_per_step: int | None = None
+
+    @classmethod
+    def from_env(cls, default_max_turns: int) -> "TurnLimit":
+        max_turns = _env_int("MAX_TURNS", default_max_turns)
+        raw = os.environ.get("HORIZON_SCHEDULE", "").strip()
+        if not raw:
+            return cls(max_turns)
+        try:
+            schedule = tuple(int(x) for x in raw.split(","))
+        except ValueError:
+            raise ValueError(f"HORIZON_SCHEDULE={raw!r}: give comma-separated turn counts, e.g. \"6,13,20\"") from None
+        if not schedule or min(schedule) <= 0:
+            raise ValueError(f"HORIZON_SCHEDULE={raw!r}: every horizon must be a positive integer")
+        step_file = os.environ.get("COPE_TRAIN_STEP_FILE") or None
+        episodes = _env_int("HORIZON_EPISODES_PER_STEP", None)
+        if step_file is None and episodes is None:
+            raise ValueError("HORIZON_SCHEDULE needs the training step: set COPE_TRAIN_STEP_FILE (a file the trainer "
+                             "rewrites with the step number) or HORIZON_EPISODES_PER_STEP (episodes per step on this "
+                             "rollout engine)")
+        return cls(max_turns, schedule, _env_int("HORIZON_STAGE_STEPS", 100), step_file, episodes)
+
+    def horizon(self, episode_index: int) -> int:
+        if not self.schedule:
+            return self.max_turns
+        step = _read_step(self.step_file) if self.step_file else None
+        if step is None:
+            step = episode_index // self.episodes_per_step if self.episodes_per_step else 0
+        return self.schedule[min(step // self.stage_steps, len(self.schedule) - 1)]
+
+
+_last_steps: dict[str, int] = {}
+
+
+def _read_step(path: str) -> int | None:
+    """The training step in ``path``; while the file is missing or mid-write, the last step read from it."""
+    try:
+        with open(path) as f:
+            _last_steps[path] = int(f.read().strip())
+    except (OSError, ValueError):
+        pass
+    return _last_steps.get(path)
+
+
+CLIENTS: dict[tuple[str, float], GatewayClient] = {}
+
+
+def gateway_client(url: str, call_timeout: float) -> GatewayClient:
+    """One client per process, URL and timeout: it keeps one keep-alive HTTP session per event loop."""
+    key = (url, call_timeout)
+    if key not in CLIENTS:
+        CLIENTS[key] = GatewayClient(url, timeout=call_timeout)
+    return CLIENTS[key]
+
+
+@dataclass
+class _Episode:
+    """What ``GatewayAgentExecutor.execute`` shares with the agent instance OpenRLHF builds inside it."""
+
+    tokenizer: Any
+    last_token_ids: list[int] = field(default_factory=list)
+    agents: list["GatewayAgent"] = field(default_factory=list)
+
+
+_EPISODE: contextvars.ContextVar[_Episode] = contextvars.ContextVar("cope_agent_episode")
+_episode_counter = itertools.count()
+
+
+class GatewayAgent(AgentInstanceBase):
+    """One episode of one environment, played through the gateway. Subclasses set the class attributes and may
+    override ``parse_action``, ``format_observation``, ``score`` and ``success``."""
+
+    env: str = ""
+    instruction: str = ""
+    default_max_turns: int = 20
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        episode = _EPISODE.get(None)
+        if episode is None:
+            raise RuntimeError(f"{type(self).__name__} runs inside GatewayAgentExecutor.execute (use the env file's "
+                               "AgentExecutor, not MultiTurnAgentExecutor directly)")
+        self.episode = episode
+        episode.agents.append(self)
+        self.horizon = TurnLimit.from_env(self.default_max_turns).horizon(next(_episode_counter))
+        self.call_timeout = _env_float("ENV_CALL_TIMEOUT_S", 120.0)
+        self.deadline = time.monotonic() + _env_float("EPISODE_TIMEOUT_S", 900.0)
+        self.client = gateway_client(os.environ.get("COPE_GATEWAY_URL") or DEFAULT_GATEWAY_URL, self.call_timeout)
+        self.session: EnvSession | None = None
+        self.item_id = ""
+        self.turns = self.invalid = 0
+        self.env_time = 0.0
+        self.env_total = self.last_reward = 0.0
+        self.scored = 0.0
+        self.done = self.failed = False
+
+    # ---- per-env hooks ---------------------------------------------------------------------------
+    def parse_action(self, reply: str) -> str | None:
+        return parse_react_action(reply)
+
+    def format_observation(self, observation: Any) -> str:
+        return observation if isinstance(observation, str) else str(observation)
+
+    def score(self, env_total: float, last_reward: float, done: bool) -> float:
+        """Episode score from the env's rewards: by default their sum (the env's own reward)."""
+        return env_total
+
+    def success(self, score: float, done: bool) -> bool:
+        return done and score > 0
+
+    # ---- chat formatting -------------------------------------------------------------------------
+    def first_prompt(self, observation: str, info: dict) -> str:
+        messages = [{"role": "user", "content": self.instruction}, {"role": "assistant", "content": ACKNOWLEDGEMENT},
+                    {"role": "user", "content": observation}]
+        return self.episode.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def wrap_observation(self, observation: str) -> str:
+        """The template's text from the end of the last reply to the start of the next, around ``observation``."""
+        tok = self.episode.tokenizer
+        marker = "\x00REPLY\x00"
+        head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}]
+        text = tok.apply_chat_template(head + [{"role": "user", "content": observation}], tokenize=False,
+                                       add_generation_prompt=True)
+        feedback = text[text.index(marker) + len(marker):]
+        ids = self.episode.last_token_ids
+        if ids and ids[-1] in tok.all_special_ids:  # the sampled reply closed its turn with the template's token
+            end = tok.convert_ids_to_tokens(ids[-1])
+            if feedback.startswith(end):
+                feedback = feedback[len(end):]
+        return feedback
+
+    # ---- OpenRLHF's AgentInstanceBase ----------------------------------------------------------
+    async def reset(self, states: dict, **kwargs: Any) -> dict:
+        self.item_id = self.item_from(states.get("observation", ""), states.get("label"))
+        try:
+            opened = await self._timed(self.client.create(self.env, self.item_id, timeout=self._call_budget()))
+        except Exception as e:  # noqa: BLE001 - one bad env answer must not take the whole batch with it
+            self.fail(f"opening the session failed: {type(e).__name__}: {e}")
+            return {"observation": self.first_prompt("The environment is unavailable: this episode is void.", {})}
+        self.session = EnvSession(self.client, self.env, self.item_id, opened, self.call_timeout)
+        return {"observation": self.first_prompt(self.format_observation(opened.observation), opened.info)}
+
+    async def step(self, states: dict, **kwargs: Any) -> dict:
+        reply = states["action_text"]
+        for special in self.episode.tokenizer.all_special_tokens:  # e.g. a closing <|im_end|> left in the text
+            reply = reply.replace(special, "")
+        if self.failed:  # reset could not open a session: nothing to play
+            return self.result("", done=True)
+        self.turns += 1
+        action = self.parse_action(reply)
+        if action is None:
+            self.invalid += 1
+            return self.result(INVALID_ACTION, done=self.turns >= self.horizon)
+        if time.monotonic() >= self.deadline:
+            self.fail(f"episode deadline (EPISODE_TIMEOUT_S) passed before turn {self.turns}")
+            return self.result("", done=True)
+        try:
+            r = await self._timed(self.session.step(action, timeout=self._call_budget()))
+        except Exception as e:  # noqa: BLE001 - as above; cancellation (BaseException) still propagates
+            self.fail(f"step {self.turns} failed: {type(e).__name__}: {e}")
+            return self.result("", done=True)
+        self.env_total += r.reward
+        self.last_reward, self.done = r.reward, r.done
+        return self.result(self.format_observation(r.observation), done=r.done or self.turns >= self.horizon)
+
+    # ---- episode bookkeeping -------------------------------------------------------------------
+    def item_from(self, prompt: str, label: Any) -> str:
+        if label not in (None, ""):
+            return str(label).strip()
+        env, sep, item = str(prompt).strip().partition("/")
+        if not sep or env != self.env or not item:
+            raise ValueError(f"{self.env} agent func: prompt {prompt!r} is not '{self.env}/<item_id>' and the label "
+                             "is empty: build the dataset with scripts/make_itemids.py")
+        return item
+
+    def _call_budget(self) -> float:
+        return max(0.001, min(self.call_timeout, self.deadline - time.monotonic()))
+
+    async def _timed(self, call: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return await asyncio.wait_for(call, self._call_budget() + 1.0)  # backstop over the client's own deadline
+        finally:
+            self.env_time += time.monotonic() - start
+
+    def fail(self, reason: str) -> None:
+        self.failed = True
+        log.warning("%s item %s: episode ends with reward 0: %s", self.env, self.item_id, reason)
+
+    def result(self, observation: str, done: bool) -> dict:
+        score = 0.0 if self.failed else self.score(self.env_total, self.last_reward, self.done)
+        reward, self.scored = score - self.scored, score
+        feedback = self.wrap_observation(observation or "The environment failed: the episode is over.")
+        logs = {"turns": self.turns, "invalid_actions": self.invalid, "env_time_s": round(self.env_time, 4),
+                "success": float(not self.failed and self.success(score, self.done)),
+                "env_failed": float(self.failed), "horizon": self.horizon}
+        return {"rewards": torch.tensor(reward), "scores": torch.tensor(score), "environment_feedback": feedback,
+                "done": done, "extra_logs": logs}
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()  # idempotent; never raises; finishes even if we are cancelled
+
+
+class _RecordingEngine:
+    """The rollout engine as given, noting each reply's token ids (to know whether it closed its turn)."""
+
+    def __init__(self, engine: Any, episode: _Episode) -> None:
+        self.engine, self.episode = engine, episode
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        out = await self.engine.generate(*args, **kwargs)
+        self.episode.last_token_ids = list(out.outputs[0].token_ids)
+        return out
+
+
+class GatewayAgentExecutor(MultiTurnAgentExecutor):
+    """OpenRLHF's executor, run with the env's ``agent_cls``; closes the episode's session however it ends."""
+
+    agent_cls: type[GatewayAgent] = GatewayAgent
+
+    def __init__(self) -> None:
+        super().__init__(self.agent_cls)
+
+    async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
+        episode = _Episode(hf_tokenizer)
+        token = _EPISODE.set(episode)
+        try:
+            return await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer,
+                                         _RecordingEngine(llm_engine, episode), images)
+        finally:
+            _EPISODE.reset(token)
+            for agent in episode.agents:
+                await agent.close()

@@ -1,0 +1,43 @@
+"""SciWorld (ScienceWorld) agent func: ``--train.agent_func_path agent_funcs/sciworld.py``.
+
+Action: one ScienceWorld command (e.g. ``open door to kitchen``, ``focus on red apple``), after ``Action:``.
+Reward, binarised as CoPE ran it: ``1`` only when the episode is done with score 100, else ``0`` (the gateway's
+SciWorld reward is the cumulative 0-100 score). Turns: 20 (AgentGym-RL); ScalingInter-RL uses
+HORIZON_SCHEDULE="10,20,30".
+"""
+
+import os
+import sys
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # OpenRLHF loads this file by path
+
+from agent_funcs.base import REACT_FORMAT, GatewayAgent, GatewayAgentExecutor  # noqa: E402
+from agent_funcs.instructions import INSTRUCTIONS  # noqa: E402
+
+# Until agent_funcs/instructions.py (which the demo generator reads) has a SciWorld text, this one is used.
+_INSTRUCTION = (
+    "You are an agent in ScienceWorld, a text simulation of rooms, objects and science tasks. Each observation "
+    "describes where you are and what happened. Complete the task stated in the first observation.\n"
+    "Useful commands: look around, look at <obj>, go to <location>, open <obj>, close <obj>, pick up <obj>, "
+    "put down <obj>, move <obj> to <container>, pour <obj> into <container>, activate <device>, deactivate "
+    "<device>, use <device> on <obj>, focus on <obj> (only on the object the task names: focusing on a wrong "
+    "object ends the task), wait, wait1, inventory, task.\n" + REACT_FORMAT
+)
+
+
+def binarised_sciworld_score(score: float, done: bool) -> float:
+    """1 only when the task is done with the full score of 100."""
+    return 1.0 if done and score >= 100 else 0.0
+
+
+class SciWorldAgent(GatewayAgent):
+    env = "sciworld"
+    instruction = INSTRUCTIONS.get("sciworld", _INSTRUCTION)
+    default_max_turns = 20
+
+    def score(self, env_total: float, last_reward: float, done: bool) -> float:
+        return binarised_sciworld_score(last_reward, done)
+
+
+class AgentExecutor(GatewayAgentExecutor):
+    agent_cls = SciWorldAgent

@@ -1,0 +1,54 @@
+"""τ²-bench agent func (env_gateway/servers/tau2.py behind the gateway's ``tau2`` adapter):
+``--train.agent_func_path agent_funcs/tau2.py``.
+
+Item ids are ``<domain>/<task_id>`` (data/tau2_<domain>_<split>.jsonl). The first prompt is the domain policy as
+the system message and the simulated user's first message, with the domain's tools given to the chat template
+(``tools=``, so a Qwen-style template writes them in its own Hermes tool section); a template without tool support
+gets them as JSON in the system message instead. Each reply is the action, as the model wrote it: a message to the
+user, or one or more ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (the server parses them;
+``done`` ends the conversation). An empty reply is an invalid action. Reward: the server's (τ²'s own reward,
+or its dense variant with ``--reward-shape dense``), passed through; success = reward within 1e-6 of 1.
+Turns: 30.
+"""
+
+import json
+import os
+import sys
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # OpenRLHF loads this file by path
+
+from agent_funcs.base import GatewayAgent, GatewayAgentExecutor  # noqa: E402
+
+TOOL_FORMAT = ("To call a tool, reply with <tool_call>{\"name\": <tool name>, \"arguments\": <arguments object>}"
+               "</tool_call> and nothing else. To talk to the customer, reply with plain text.")
+
+
+def is_success(reward: float) -> bool:
+    return abs(reward - 1.0) <= 1e-6
+
+
+class Tau2Agent(GatewayAgent):
+    env = "tau2"
+    instruction = "You are a customer service agent. Follow the policy below.\n" + TOOL_FORMAT
+    default_max_turns = 30
+
+    def parse_action(self, reply: str) -> str | None:
+        return reply.strip() or None
+
+    def success(self, score: float, done: bool) -> bool:
+        return done and is_success(score)
+
+    def first_prompt(self, observation: str, info: dict) -> str:
+        tok, tools = self.episode.tokenizer, info.get("tools") or []
+        system = f"{self.instruction}\n\n# Policy\n{info.get('policy', '')}"
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": observation}]
+        text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+        names = [t.get("function", t).get("name", "") for t in tools]
+        if names and names[0] not in text:  # the template ignores tools=: list them ourselves
+            messages[0]["content"] = system + "\n\n# Tools\n" + "\n".join(json.dumps(t) for t in tools)
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text
+
+
+class AgentExecutor(GatewayAgentExecutor):
+    agent_cls = Tau2Agent

@@ -1,0 +1,411 @@
+"""τ²-bench (sierra-research/tau2-bench at commit c5b2d22) as an HTTP env server shaped like WebShop's.
+
+    python -m env_gateway.servers.tau2 --port 8011 --user-model openai/<model> --user-base-url http://HOST:PORT/v1
+    (the user simulator's API key is read from --user-key-file, default .secrets/tau2_user_api_key; never argv)
+
+Protocol (the gateway's ``tau2`` adapter speaks it):
+    GET  /                             health
+    POST /create                       -> env_idx (a bare int)
+    POST /reset {env_idx, session_id}  session_id = "<domain>/<task_id>" (retail, airline, telecom)
+                                       -> {state: the user's first message, policy, tools (OpenAI schemas), domain,
+                                           task_id}
+    POST /step {env_idx, action}       -> {state, reward, done, info}
+    GET  /observation?env_idx=n        -> {observation: the latest state}
+    POST /close {env_idx}
+
+An action is the agent's reply as written. Hermes tool calls ``<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`` (one or more) go to the domain's tools, and the state is their results, each in
+``<tool_response>…</tool_response>``; calling ``done`` ends the conversation. A reply without tool calls is a
+message to the simulated user, and the state is the user's answer; the user ends the conversation with τ²'s stop
+markers. A ``<tool_call>`` tag whose JSON body is missing or broken (the telecom failure: bare tags, looped to
+the step cap) changes nothing and the state says exactly what is wrong. It counts as a tool error, as does a
+tool call that fails; ``--max-errors`` errors end the episode with reward 0 (τ²'s orchestrator ends on too many
+errors the same way).
+
+Reward, 0 until the end; at the end τ²'s own evaluation of the conversation (``evaluate_simulation``, all
+criteria) gives ``reward`` (the product over the task's reward basis) and its per-basis breakdown:
+    --reward-shape binary:  1 if |reward - 1| <= 1e-6 else 0 (τ²'s success)
+    --reward-shape dense:   mean of the breakdown's values (partial credit), or reward where there is none
+
+The ``tau2`` package is imported only when a conversation starts (``RealTau2``), so this module imports without
+it; tests plug a stand-in ``conversation_factory`` into ``Tau2Server``. Blocking calls (the user simulator is an
+LLM call) run in a thread pool, one lock per instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from aiohttp import web
+
+log = logging.getLogger("env_gateway.servers.tau2")
+
+DOMAINS = ("airline", "retail", "telecom")
+STOP_TOOL = "done"
+FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # τ²'s orchestrator opens every conversation with this
+CALL_FORMAT = 'Write <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.'
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, error: str, detail: str):
+        super().__init__(f"{error}: {detail}")
+        self.status, self.error, self.detail = status, error, detail
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+def parse_hermes(reply: str) -> tuple[list[ToolCall], str | None]:
+    """(tool calls, None), ([], None) for a plain message, or ([], what is wrong) for a broken tool call."""
+    if "<tool_call>" not in reply:
+        return [], None
+    calls = []
+    for n, part in enumerate(reply.split("<tool_call>")[1:], 1):
+        body = part.split("</tool_call>", 1)[0]
+        body = body.strip()
+        if not body:
+            return [], f"Tool call error: <tool_call> number {n} has no JSON body. {CALL_FORMAT}"
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as e:
+            return [], f"Tool call error: the body of <tool_call> number {n} is not valid JSON ({e.msg} at " \
+                       f"character {e.pos}). {CALL_FORMAT}"
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+            return [], f"Tool call error: <tool_call> number {n} has no \"name\". {CALL_FORMAT}"
+        arguments = data.get("arguments", {})
+        if isinstance(arguments, str):  # some models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(arguments, dict):
+            return [], f"Tool call error: the \"arguments\" of <tool_call> number {n} must be a JSON object. " \
+                       f"{CALL_FORMAT}"
+        calls.append(ToolCall(data["name"], arguments))
+    return calls, None
+
+
+def shape_reward(reward: float, breakdown: dict | None, shape: str) -> float:
+    if shape == "binary":
+        return 1.0 if abs(reward - 1.0) <= 1e-6 else 0.0
+    values = [float(v) for v in (breakdown or {}).values()]
+    return sum(values) / len(values) if values else float(reward)
+
+
+class Conversation(Protocol):
+    """One τ² task in progress, agent side. Blocking methods."""
+
+    policy: str
+    tools: list[dict]
+
+    def start(self) -> str:
+        """The user's first message (after τ²'s fixed greeting)."""
+
+    def to_user(self, text: str) -> tuple[str, bool]:
+        """Send the agent's message; the user's answer, and whether the user ended the conversation."""
+
+    def call_tools(self, calls: list[ToolCall]) -> list[tuple[str, bool]]:
+        """Run the agent's tool calls; each one's result text and whether it was an error."""
+
+    def evaluate(self, agent_stopped: bool) -> tuple[float, dict]:
+        """τ²'s reward for the conversation so far, and its breakdown by reward basis."""
+
+
+class RealTau2:
+    """Conversations on the installed ``tau2`` package (commit c5b2d22): its environment, tools and policy, its
+    LLM user simulator, its evaluator. Not run in this repository's tests (the package is not installable here)."""
+
+    def __init__(self, user_model: str, user_llm_args: dict):
+        self.user_model, self._user_llm_args = user_model, user_llm_args  # holds the key: never log this dict
+
+    def __call__(self, domain: str, task_id: str) -> "_Tau2Conversation":
+        return _Tau2Conversation(domain, task_id, self.user_model, self._user_llm_args)
+
+
+class _Tau2Conversation:
+    def __init__(self, domain: str, task_id: str, user_model: str, user_llm_args: dict):
+        try:
+            from tau2.data_model.message import AssistantMessage, ToolCall as Tau2ToolCall
+            from tau2.registry import registry
+            from tau2.run import get_tasks
+            from tau2.user.user_simulator import UserSimulator
+        except ImportError as e:
+            raise RuntimeError(f"the tau2 package is not importable ({e}): install sierra-research/tau2-bench at "
+                               "commit c5b2d22 into this server's Python >= 3.12 venv (env_gateway/servers/"
+                               "requirements/tau2.manual)") from None
+        self.AssistantMessage, self.Tau2ToolCall = AssistantMessage, Tau2ToolCall
+        self.domain = domain
+        self.task = get_tasks(task_set_name=domain, task_split_name="base", task_ids=[task_id])[0]
+        self.env = registry.get_env_constructor(domain)()
+        state = self.task.initial_state
+        self.env.set_state(initialization_data=state.initialization_data if state else None,
+                           initialization_actions=state.initialization_actions if state else None, message_history=[])
+        self.policy = self.env.get_policy()
+        self.tools = [t.openai_schema for t in self.env.get_tools()]
+        self.tools.append({"type": "function", "function": {"name": STOP_TOOL, "description": "End the "
+                           "conversation when the customer's request is fully handled.",
+                           "parameters": {"type": "object", "properties": {}}}})
+        try:
+            user_tools = self.env.get_user_tools()
+        except ValueError:  # airline and retail users have no tools
+            user_tools = None
+        if state and state.message_history:
+            raise RuntimeError(f"tau2 task {domain}/{task_id} starts mid-conversation (message_history): this "
+                               "server starts every conversation from τ²'s greeting")
+        self.user = UserSimulator(tools=user_tools or None, instructions=str(self.task.user_scenario),
+                                  llm=user_model, llm_args=user_llm_args)
+        self.user_state = self.user.get_init_state(message_history=[])
+        self.messages: list = []
+        self.started = time.time()
+
+    def _user_turn(self, message: Any) -> tuple[str, bool]:
+        from tau2.data_model.message import MultiToolMessage
+
+        self.messages.append(message)
+        reply, self.user_state = self.user.generate_next_message(message, self.user_state)
+        while reply.is_tool_call():  # the user's own tools (telecom): run them and let the user go on
+            self.messages.append(reply)
+            results = [self.env.get_response(call) for call in reply.tool_calls]
+            self.messages.extend(results)
+            wrapped = results[0] if len(results) == 1 else MultiToolMessage(role="tool", tool_messages=results)
+            reply, self.user_state = self.user.generate_next_message(wrapped, self.user_state)
+        self.messages.append(reply)
+        return reply.content or "", self.user.is_stop(reply)
+
+    def start(self) -> str:
+        return self._user_turn(self.AssistantMessage(role="assistant", content=FIRST_AGENT_MESSAGE))[0]
+
+    def to_user(self, text: str) -> tuple[str, bool]:
+        return self._user_turn(self.AssistantMessage(role="assistant", content=text))
+
+    def call_tools(self, calls: list[ToolCall]) -> list[tuple[str, bool]]:
+        tau2_calls = [self.Tau2ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=c.name, arguments=c.arguments,
+                                        requestor="assistant") for c in calls]
+        self.messages.append(self.AssistantMessage(role="assistant", tool_calls=tau2_calls))
+        results = [self.env.get_response(call) for call in tau2_calls]
+        self.messages.extend(results)
+        return [(r.content or "", bool(r.error)) for r in results]
+
+    def evaluate(self, agent_stopped: bool) -> tuple[float, dict]:
+        from tau2.data_model.simulation import SimulationRun, TerminationReason
+        from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+        now = time.time()
+        for turn, message in enumerate(self.messages):
+            message.turn_idx = turn
+        run = SimulationRun(
+            id=str(uuid.uuid4()), task_id=self.task.id, start_time=str(self.started), end_time=str(now),
+            duration=now - self.started, messages=self.messages,
+            termination_reason=TerminationReason.AGENT_STOP if agent_stopped else TerminationReason.USER_STOP)
+        info = evaluate_simulation(simulation=run, task=self.task, evaluation_type=EvaluationType.ALL,
+                                   solo_mode=False, domain=self.domain)
+        breakdown = {str(getattr(k, "value", k)): float(v) for k, v in (info.reward_breakdown or {}).items()}
+        return float(info.reward), breakdown
+
+
+@dataclass
+class Episode:
+    conversation: Conversation | None = None
+    item: str = ""
+    state: str = ""
+    done: bool = False
+    errors: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Tau2Server:
+    def __init__(self, conversation_factory: Callable[[str, str], Conversation], reward_shape: str = "binary",
+                 max_errors: int = 10, max_instances: int = 256, workers: int = 16):
+        if reward_shape not in ("binary", "dense"):
+            raise ValueError(f"reward_shape must be 'binary' or 'dense', got {reward_shape!r}")
+        self.factory, self.reward_shape, self.max_errors = conversation_factory, reward_shape, max_errors
+        self.max_instances = max_instances
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tau2")
+        self.episodes: dict[int, Episode] = {}
+        self._ids = itertools.count()
+
+    async def blocking(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def episode(self, raw: Any) -> Episode:
+        try:
+            idx = int(raw)
+        except (TypeError, ValueError):
+            raise RequestError(400, "bad_env_idx", f"'env_idx' must be the integer /create returned, got {raw!r}")
+        if idx not in self.episodes:
+            raise RequestError(404, "unknown_env_idx", f"no tau2 instance {idx}: create one with POST /create")
+        return self.episodes[idx]
+
+    @staticmethod
+    async def body(request: web.Request, *required: str) -> dict:
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            data = None
+        if not isinstance(data, dict):
+            raise RequestError(400, "bad_json", "the request body must be a JSON object")
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise RequestError(400, "missing_field", f"required field(s) missing: {', '.join(missing)}")
+        return data
+
+    async def handle_create(self, request: web.Request) -> web.Response:
+        if len(self.episodes) >= self.max_instances:
+            raise RequestError(503, "full", f"this server holds its maximum of {self.max_instances} instances")
+        idx = next(self._ids)
+        self.episodes[idx] = Episode()
+        return web.json_response(idx)
+
+    async def handle_reset(self, request: web.Request) -> web.Response:
+        data = await self.body(request, "env_idx", "session_id")
+        ep = self.episode(data["env_idx"])
+        domain, sep, task_id = str(data["session_id"]).partition("/")
+        if not sep or domain not in DOMAINS or not task_id:
+            raise RequestError(400, "bad_session_id", f"session_id must be '<domain>/<task_id>' with domain one of "
+                                                      f"{', '.join(DOMAINS)}; got {data['session_id']!r}")
+        async with ep.lock:
+            conversation = await self.blocking(self.factory, domain, task_id)
+            first = await self.blocking(conversation.start)
+            ep.conversation, ep.item, ep.state, ep.done, ep.errors = conversation, f"{domain}/{task_id}", first, \
+                False, 0
+        return web.json_response({"state": first, "policy": conversation.policy, "tools": conversation.tools,
+                                  "domain": domain, "task_id": task_id})
+
+    async def handle_step(self, request: web.Request) -> web.Response:
+        data = await self.body(request, "env_idx", "action")
+        ep = self.episode(data["env_idx"])
+        if not isinstance(data["action"], str):
+            raise RequestError(400, "bad_action", "'action' must be a string (the agent's reply)")
+        if ep.conversation is None:
+            raise RequestError(409, "not_reset", "this instance has not been reset: POST /reset first")
+        async with ep.lock:
+            out = await self.play(ep, data["action"])
+        return web.json_response(out)
+
+    async def play(self, ep: Episode, reply: str) -> dict:
+        if ep.done:
+            return {"state": "The conversation is over: reset to start another.", "reward": 0.0, "done": True,
+                    "info": {}}
+        calls, error = parse_hermes(reply)
+        stop = any(c.name == STOP_TOOL for c in calls)
+        errors = 0
+        if error is not None:
+            ep.state, errors = error, 1
+        elif calls and not stop:
+            results = await self.blocking(ep.conversation.call_tools, calls)
+            ep.state = "\n".join(f"<tool_response>\n{text}\n</tool_response>" for text, _ in results)
+            errors = sum(failed for _, failed in results)
+        info: dict = {"tool_errors": errors}
+        if errors:
+            ep.errors += errors
+            if ep.errors >= self.max_errors:  # as τ²'s orchestrator: too many tool errors end the episode, reward 0
+                ep.done = True
+                ep.state += "\nToo many tool errors: the conversation is over."
+                return {"state": ep.state, "reward": 0.0, "done": True, "info": info}
+        if error is not None or (calls and not stop):
+            return {"state": ep.state, "reward": 0.0, "done": False, "info": info}
+        if stop:
+            ep.state, user_stopped = "You ended the conversation.", False
+        else:
+            ep.state, user_stopped = await self.blocking(ep.conversation.to_user, reply.strip())
+            if not user_stopped:
+                return {"state": ep.state, "reward": 0.0, "done": False, "info": info}
+        ep.done = True
+        reward, breakdown = await self.blocking(ep.conversation.evaluate, stop)
+        shaped = shape_reward(reward, breakdown, self.reward_shape)
+        log.info("tau2 %s: done, tau2 reward %.3f, shaped (%s) %.3f", ep.item, reward, self.reward_shape, shaped)
+        return {"state": ep.state, "reward": shaped, "done": True,
+                "info": {**info, "tau2_reward": reward, "reward_breakdown": breakdown}}
+
+    async def handle_observation(self, request: web.Request) -> web.Response:
+        return web.json_response({"observation": self.episode(request.query.get("env_idx")).state})
+
+    async def handle_close(self, request: web.Request) -> web.Response:
+        data = await self.body(request, "env_idx")
+        self.episode(data["env_idx"])
+        self.episodes.pop(int(data["env_idx"]), None)
+        return web.json_response({"closed": int(data["env_idx"])})
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "env": "tau2", "instances": len(self.episodes),
+                                  "reward_shape": self.reward_shape})
+
+    @web.middleware
+    async def errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return web.json_response({"error": e.error, "detail": e.detail}, status=e.status)
+        except web.HTTPException as e:
+            return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
+                                     status=e.status)
+        except Exception as e:  # a tau2 or user-simulator failure: report it, keep serving
+            log.exception("tau2: %s %s failed", request.method, request.path)
+            return web.json_response({"error": "env_failure", "detail": f"tau2: {type(e).__name__}: {e}"}, status=500)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.errors], client_max_size=1 << 20)
+        app.add_routes([web.get("/", self.handle_health), web.post("/create", self.handle_create),
+                        web.post("/reset", self.handle_reset), web.post("/step", self.handle_step),
+                        web.get("/observation", self.handle_observation), web.post("/close", self.handle_close)])
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    async def _shutdown(self, app: web.Application) -> None:
+        self.episodes.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def read_key(path: str) -> str:
+    """The user simulator's API key from a file (one line). Keys never come from argv, and are never logged."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"tau2 server: no API key file {path}: write the user simulator's key there (chmod 600; "
+                         "for a local vLLM server any text, e.g. EMPTY), or point --user-key-file at one")
+    with open(path) as f:
+        key = f.read().strip()
+    if not key:
+        raise SystemExit(f"tau2 server: the API key file {path} is empty")
+    return key
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m env_gateway.servers.tau2", description="τ²-bench env server")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--user-model", required=True, help="the user simulator's model, as litellm names it (for an "
+                   "OpenAI-compatible server: openai/<served model name>)")
+    p.add_argument("--user-base-url", required=True, help="OpenAI-compatible base URL of the user model, e.g. "
+                   "http://127.0.0.1:8000/v1")
+    p.add_argument("--user-key-file", default=os.path.join(".secrets", "tau2_user_api_key"))
+    p.add_argument("--user-temperature", type=float, default=0.0)
+    p.add_argument("--reward-shape", choices=("binary", "dense"), default="binary")
+    p.add_argument("--max-errors", type=int, default=10, help="tool errors that end an episode (τ²'s default)")
+    p.add_argument("--max-instances", type=int, default=256)
+    p.add_argument("--workers", type=int, default=16, help="threads for tau2 and user-simulator calls")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    llm_args = {"api_base": args.user_base_url, "api_key": read_key(args.user_key_file),
+                "temperature": args.user_temperature}
+    server = Tau2Server(RealTau2(args.user_model, llm_args), args.reward_shape, args.max_errors, args.max_instances,
+                        args.workers)
+    web.run_app(server.app(), host=args.host, port=args.port, print=lambda *_: log.info(
+        "tau2 server on http://%s:%d (user model %s at %s, reward %s)", args.host, args.port, args.user_model,
+        args.user_base_url, args.reward_shape))
+
+
+if __name__ == "__main__":
+    main()

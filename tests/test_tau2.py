@@ -1,0 +1,263 @@
+"""τ²-bench: the env server (env_gateway/servers/tau2.py), its Hermes tool-call parsing and reward shapes, the
+agent func through the real gateway, the item-id files, and the key handling.
+
+The ``tau2`` package (sierra-research/tau2-bench at c5b2d22, Python >= 3.12, not on PyPI) cannot be installed
+here, so the server's conversations come from ``FakeTau2Task``, a stand-in for tau2's environment, user
+simulator and evaluator on one small retail-like task; everything else is real: the server's HTTP layer and
+parsing, the gateway and its ``tau2`` adapter, the agent func under OpenRLHF's ``MultiTurnAgentExecutor``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from env_gateway.servers.tau2 import STOP_TOOL, Tau2Server, ToolCall, parse_hermes, read_key, shape_reward
+from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode, serve_app
+from tests.env_server_proc import ROOT, call, free_port
+from tests.tiny_hf import tiny_tokenizer
+
+pytestmark = pytest.mark.timeout(60)
+SHARED_TAU2 = os.path.join(os.path.dirname(ROOT), "shared", "tau2-data-c5b2d22")
+SPLITS = {("airline", "train"): 30, ("airline", "test"): 20, ("retail", "train"): 74, ("retail", "test"): 40,
+          ("telecom", "train"): 74, ("telecom", "test"): 40}  # FACTS §6
+
+
+class FakeTau2Task:
+    """Stand-in for a tau2 conversation (the package cannot be installed here): order #W1 must be cancelled
+    (the "DB" check) and the agent must tell the user "cancelled" (the "COMMUNICATE" check)."""
+
+    policy = "Cancel pending orders only after looking them up."
+    tools = [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object", "properties": {
+        "order_id": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "cancel_order", "parameters": {"type": "object", "properties": {
+            "order_id": {"type": "string"}}}}}]
+
+    def __init__(self, domain: str, task_id: str):
+        assert (domain, task_id) == ("retail", "7"), (domain, task_id)
+        self.cancelled, self.told = False, False
+
+    def start(self) -> str:
+        return "Hi, please cancel my order #W1."
+
+    def to_user(self, text: str) -> tuple[str, bool]:
+        self.told = self.told or "cancelled" in text.lower()
+        return ("Thanks, bye! ###STOP###", True) if self.told else ("Is it done?", False)
+
+    def call_tools(self, calls: list[ToolCall]) -> list[tuple[str, bool]]:
+        out = []
+        for c in calls:
+            if c.name == "get_order":
+                out.append((json.dumps({"order_id": c.arguments.get("order_id"), "status": "pending"}), False))
+            elif c.name == "cancel_order" and c.arguments.get("order_id") == "#W1":
+                self.cancelled = True
+                out.append((json.dumps({"order_id": "#W1", "status": "cancelled"}), False))
+            else:
+                out.append((f"Error: unknown tool or order: {c.name} {c.arguments}", True))
+        return out
+
+    def evaluate(self, agent_stopped: bool) -> tuple[float, dict]:
+        breakdown = {"DB": float(self.cancelled), "COMMUNICATE": float(self.told)}
+        return breakdown["DB"] * breakdown["COMMUNICATE"], breakdown
+
+
+def call_tool(name: str, **arguments: str) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+# ---- parsing and shaping -------------------------------------------------------------------------------------
+def test_parse_hermes_tool_calls_and_messages():
+    assert parse_hermes("Sure, one moment.") == ([], None)
+    assert parse_hermes(call_tool("get_order", order_id="#W1")) == ([ToolCall("get_order", {"order_id": "#W1"})],
+                                                                    None)
+    two = "Let me check.\n" + call_tool("get_order", order_id="1") + call_tool("get_order", order_id="2")
+    assert [c.arguments["order_id"] for c in parse_hermes(two)[0]] == ["1", "2"]
+    as_string = '<tool_call>{"name": "get_order", "arguments": "{\\"order_id\\": \\"3\\"}"}</tool_call>'
+    assert parse_hermes(as_string)[0] == [ToolCall("get_order", {"order_id": "3"})]
+
+
+@pytest.mark.parametrize("reply,says", [
+    ("<tool_call>", "has no JSON body"),                      # telecom's collapse: a bare tag
+    ("<tool_call>\n</tool_call>", "has no JSON body"),
+    ("<tool_call>\n<tool_call>", "has no JSON body"),
+    ("<tool_call>{'name': 'x'}</tool_call>", "not valid JSON"),
+    ('<tool_call>{"arguments": {}}</tool_call>', 'has no "name"'),
+    ('<tool_call>{"name": "x", "arguments": [1]}</tool_call>', "must be a JSON object"),
+])
+def test_parse_hermes_says_what_is_wrong(reply, says):
+    calls, error = parse_hermes(reply)
+    assert calls == [] and says in error and '<tool_call>{"name": "<tool name>"' in error
+
+
+def test_reward_shapes():
+    assert shape_reward(1.0, {"DB": 1.0, "COMMUNICATE": 1.0}, "binary") == 1.0
+    assert shape_reward(1.0 - 1e-9, None, "binary") == 1.0
+    assert shape_reward(0.0, {"DB": 1.0, "COMMUNICATE": 0.0}, "binary") == 0.0
+    assert shape_reward(0.0, {"DB": 1.0, "COMMUNICATE": 0.0}, "dense") == 0.5
+    assert shape_reward(0.25, {}, "dense") == 0.25
+    with pytest.raises(ValueError, match="binary' or 'dense"):
+        Tau2Server(FakeTau2Task, reward_shape="sparse")
+
+
+# ---- the agent func through the gateway ----------------------------------------------------------------------
+def play(replies: list[str], reward_shape: str = "binary", max_errors: int = 10, item: str = "retail/7",
+         monkeypatch=None) -> tuple[dict, ScriptedEngine]:
+    tok = tiny_tokenizer()
+
+    async def main():
+        server = Tau2Server(FakeTau2Task, reward_shape=reward_shape, max_errors=max_errors)
+        async with serve_app(server.app()) as backend, inprocess_gateway({"tau2": backend}) as gateway:
+            monkeypatch.setenv("COPE_GATEWAY_URL", gateway)
+            engine = ScriptedEngine(tok, replies)
+            result = await run_episode("tau2", item, engine, tok, timeout=30)
+            assert server.episodes == {}  # the agent func closed its session
+            return result, engine
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_agent_func_solves_the_task_through_the_gateway(clean_env):
+    replies = [call_tool("get_order", order_id="#W1"), call_tool("cancel_order", order_id="#W1"),
+               "Your order #W1 is cancelled."]
+    result, engine = play(replies, monkeypatch=clean_env)
+    tok = tiny_tokenizer()
+    assert result["reward"] == 1.0 and result["extra_logs"]["success"] == 1.0 and result["extra_logs"]["turns"] == 3
+    tokens = result["observation_tokens"]
+    first = tok.decode(tokens[:result["action_ranges"][0][0]])
+    assert FakeTau2Task.policy in first and '"cancel_order"' in first  # tools listed (template has no tools=)
+    assert first.endswith("<|im_start|>user\nHi, please cancel my order #W1.<|im_end|>\n<|im_start|>assistant\n")
+    feedback = tok.decode(tokens[result["action_ranges"][0][1]:result["action_ranges"][1][0]])
+    assert feedback.startswith("\n<|im_start|>user\n<tool_response>\n{") and '"pending"' in feedback
+    assert [tokens[a:b] for a, b in result["action_ranges"]] == engine.outputs
+
+
+def test_done_tool_ends_the_episode_and_tau2_judges_it(clean_env):
+    result, _ = play([call_tool("cancel_order", order_id="#W1"), call_tool(STOP_TOOL)], monkeypatch=clean_env)
+    assert result["reward"] == 0.0 and result["extra_logs"]["turns"] == 2  # never told the user: COMMUNICATE 0
+    dense, _ = play([call_tool("cancel_order", order_id="#W1"), call_tool(STOP_TOOL)], reward_shape="dense",
+                    monkeypatch=clean_env)
+    assert dense["reward"] == 0.5 and dense["extra_logs"]["success"] == 0.0
+
+
+def test_bare_tool_call_tags_get_a_clear_observation_and_end_at_max_errors(clean_env):
+    result, _ = play(["<tool_call>"] * 5, max_errors=3, monkeypatch=clean_env)
+    tok = tiny_tokenizer()
+    feedback = tok.decode(result["observation_tokens"][result["action_ranges"][0][1]:result["action_ranges"][1][0]])
+    assert "has no JSON body" in feedback
+    assert result["reward"] == 0.0 and result["extra_logs"]["turns"] == 3  # the server ended it at 3 errors
+
+
+def test_failing_tool_calls_count_toward_max_errors(clean_env):
+    result, _ = play([call_tool("get_order", order_id="1") + call_tool("refund", order_id="1"),
+                      call_tool("cancel_order", order_id="#W9"), "<tool_call>{", "Anything else?"], max_errors=3,
+                     monkeypatch=clean_env)
+    tok = tiny_tokenizer()
+    feedback = tok.decode(result["observation_tokens"][result["action_ranges"][0][1]:result["action_ranges"][1][0]])
+    assert '"pending"' in feedback and "Error: unknown tool" in feedback  # both results, in order
+    assert result["reward"] == 0.0 and result["extra_logs"]["turns"] == 3  # errors: 1, 2, then 3 (broken JSON)
+
+
+def test_empty_reply_is_an_invalid_action(clean_env):
+    clean_env.setenv("MAX_TURNS", "1")
+    result, _ = play(["   "], monkeypatch=clean_env)
+    assert result["extra_logs"]["invalid_actions"] == 1 and result["reward"] == 0.0
+
+
+def test_bad_item_ids_get_a_clear_400():
+    async def main():
+        async with serve_app(Tau2Server(FakeTau2Task).app()) as url:
+            import aiohttp
+            async with aiohttp.ClientSession() as http:
+                async with http.post(url + "/create") as r:
+                    idx = await r.json()
+                async with http.post(url + "/reset", json={"env_idx": idx, "session_id": "shopping/7"}) as r:
+                    return r.status, await r.json()
+
+    status, body = asyncio.run(main())
+    assert status == 400 and "'<domain>/<task_id>'" in body["detail"] and "retail" in body["detail"]
+
+
+# ---- the real server process: key handling, and the missing package ------------------------------------------
+def test_server_reads_its_key_from_a_file_and_never_shows_it(tmp_path):
+    key = "sk-test-not-a-real-key-1234567890"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    assert read_key(str(key_file)) == key
+    with pytest.raises(SystemExit, match="no API key file"):
+        read_key(str(tmp_path / "absent"))
+    port = free_port()
+    cmd = [os.path.join(ROOT, ".venv", "bin", "python"), "-m", "env_gateway.servers.tau2", "--port", str(port),
+           "--user-model", "openai/user", "--user-base-url", "http://127.0.0.1:9/v1", "--user-key-file", str(key_file)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if call(url, "GET", "/", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        idx = call(url, "POST", "/create", {})[1]
+        status, body = call(url, "POST", "/reset", {"env_idx": idx, "session_id": "retail/0"})
+        if importlib.util.find_spec("tau2") is None:  # the real failure mode where the package is absent
+            assert status == 500 and "sierra-research/tau2-bench" in body["detail"] and "c5b2d22" in body["detail"]
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=10)[0].decode()
+    assert key not in out and key not in " ".join(cmd)
+    assert "openai/user" in out  # the log does name the user model
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tau2") is None or not os.environ.get("TAU2_USER_BASE_URL"),
+                    reason="needs the tau2 package (sierra-research/tau2-bench@c5b2d22, Python >= 3.12, not on PyPI: "
+                           "cannot be installed here) and a user model at $TAU2_USER_BASE_URL")
+def test_real_tau2_conversation_opens():  # pragma: no cover - runs only where tau2 is installed
+    from env_gateway.servers.tau2 import RealTau2
+
+    conv = RealTau2(os.environ.get("TAU2_USER_MODEL", "openai/user"),
+                    {"api_base": os.environ["TAU2_USER_BASE_URL"], "api_key": "EMPTY"})("retail", "0")
+    assert conv.start() and conv.policy and any(t["function"]["name"] == STOP_TOOL for t in conv.tools)
+
+
+# ---- item ids --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("domain,split", list(SPLITS))
+def test_item_id_files_match_the_pinned_splits(domain, split):
+    path = os.path.join(ROOT, "data", f"tau2_{domain}_{split}.jsonl")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == SPLITS[domain, split]
+    assert all(r["prompt"] == f"tau2/{r['label']}" and r["label"].startswith(f"{domain}/") for r in rows)
+    assert len({r["label"] for r in rows}) == len(rows)
+    other = "test" if split == "train" else "train"
+    with open(os.path.join(ROOT, "data", f"tau2_{domain}_{other}.jsonl")) as f:
+        assert not {r["label"] for r in rows} & {json.loads(line)["label"] for line in f}
+    if os.path.isdir(SHARED_TAU2):  # regenerate from the pinned split files and compare
+        with open(os.path.join(SHARED_TAU2, domain, "split_tasks.json")) as f:
+            assert [r["label"] for r in rows] == [f"{domain}/{t}" for t in json.load(f)[split]]
+
+
+def test_make_tau2_itemid_writes_the_committed_files(tmp_path):
+    if not os.path.isdir(SHARED_TAU2):
+        pytest.skip(f"{SHARED_TAU2} (the split files at c5b2d22) is not on this machine")
+    spec = importlib.util.spec_from_file_location("make_tau2_itemid", os.path.join(ROOT, "scripts",
+                                                                                  "make_tau2_itemid.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for path in module.main(["--tau2-data", SHARED_TAU2, "--split", "train", "--out", str(tmp_path)]):
+        with open(path) as new, open(os.path.join(ROOT, "data", os.path.basename(path))) as committed:
+            assert new.read() == committed.read()
+    with pytest.raises(SystemExit, match="no split 'nope'"):
+        module.main(["--tau2-data", SHARED_TAU2, "--split", "nope", "--out", str(tmp_path)])
