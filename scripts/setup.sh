@@ -39,7 +39,9 @@ pip_q() { "$VENV/bin/python" -m pip install -q "$@" 2>&1 | { grep -v "^WARNING: 
 
 LOCK="constraints-$COPE_DEVICE.txt"
 STAMP="$VENV/.cope-setup-stamp"
-want_stamp="$COPE_DEVICE $(cat requirements.txt "requirements-$COPE_DEVICE.txt" scripts/setup.sh $( [[ -f $LOCK ]] && echo "$LOCK") | sha256sum | cut -c1-16)"
+stamp_inputs=(requirements.txt "requirements-$COPE_DEVICE.txt" scripts/setup.sh)
+[[ -f "$LOCK" ]] && stamp_inputs+=("$LOCK")
+want_stamp="$COPE_DEVICE $(cat "${stamp_inputs[@]}" | sha256sum | cut -c1-16)"
 
 stack_imports() {
   "$VENV/bin/python" - <<'EOF' >/dev/null 2>&1
@@ -79,6 +81,18 @@ else
   step "check that the stack imports" stack_imports
   echo "$want_stamp" > "$STAMP"
   echo "[setup] trainer venv: $VENV ($(du -sh "$VENV" | cut -f1))"
+fi
+
+# System tools some tests and launchers use: tmux (launch_*_tmux.sh), curl (health waits), shellcheck (script
+# lint), chromium (headless render of the trajectory viewer). Without them those tests skip with a reason.
+missing=()
+for tool in tmux curl shellcheck chromium; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+if (( ${#missing[@]} )); then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    step "system tools: ${missing[*]}" bash -c "apt-get update -qq && apt-get install -y -qq ${missing[*]} >/dev/null"
+  else
+    echo "[setup] not root: install ${missing[*]} yourself (apt-get install ${missing[*]}); their tests will skip" >&2
+  fi
 fi
 
 # Environment servers, each in its own venv (their packages conflict with the trainer's or with each other).

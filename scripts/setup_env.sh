@@ -12,7 +12,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REQ_DIR="$ROOT/env_gateway/servers/requirements"
 
 if [ $# -eq 0 ]; then
-    echo "usage: bash scripts/setup_env.sh NAME [NAME ...]   (NAME is one of: $(ls "$REQ_DIR" 2>/dev/null | sed -n 's/\.txt$//p' | tr '\n' ' '))" >&2
+    echo "usage: bash scripts/setup_env.sh NAME [NAME ...]   (NAME is one of: $(cd "$REQ_DIR" 2>/dev/null && for f in *.txt; do printf '%s ' "${f%.txt}"; done))" >&2
     exit 2
 fi
 
@@ -26,7 +26,7 @@ setup_one() {
     local req="$REQ_DIR/$name.txt"
     local venv="$ROOT/.venvs/$name"
     if [ ! -f "$req" ]; then
-        echo "setup_env: no requirements file $req; known envs: $(ls "$REQ_DIR" | sed -n 's/\.txt$//p' | tr '\n' ' ')" >&2
+        echo "setup_env: no requirements file $req; known envs: $(cd "$REQ_DIR" && for f in *.txt; do printf '%s ' "${f%.txt}"; done)" >&2
         return 2
     fi
     local want; want="$(sha256sum "$req" | cut -d' ' -f1)"

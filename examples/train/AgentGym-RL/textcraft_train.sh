@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# AgentGym-RL baseline on TextCraft: GRPO with a fixed horizon of 30 turns, n = 8, lr 1e-6, k3 KL loss 0.001
+# (shared FACTS §6). Plain config: variables, then the run script (scripts/lib/common.sh lists every setting;
+# anything set before calling this file wins).
+set -euo pipefail
+: "${N_SAMPLES_PER_PROMPT:=8}" "${ROLLOUT_BATCH_SIZE:=16}" "${LR:=1e-6}" "${KL_COEF:=0.001}"
+: "${MAX_TURNS:=30}" "${RUN_NAME:=agentgym_rl_textcraft}"
+export N_SAMPLES_PER_PROMPT ROLLOUT_BATCH_SIZE LR KL_COEF MAX_TURNS RUN_NAME
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/run_textcraft_grpo_train.sh" "$@"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# ScalingInter-RL baseline on SciWorld: GRPO whose horizon grows by stage, [10, 20, 30] turns, one stage per
+# 100 training steps; n = 8, lr 1e-6, k3 KL loss 0.001 (shared FACTS §6). Plain config: variables, then the
+# run script (scripts/lib/common.sh lists every setting; anything set before calling this file wins).
+set -euo pipefail
+: "${N_SAMPLES_PER_PROMPT:=8}" "${ROLLOUT_BATCH_SIZE:=16}" "${LR:=1e-6}" "${KL_COEF:=0.001}"
+: "${HORIZON_SCHEDULE:=10,20,30}" "${HORIZON_STAGE_STEPS:=100}" "${RUN_NAME:=scalinginter_rl_sciworld}"
+export N_SAMPLES_PER_PROMPT ROLLOUT_BATCH_SIZE LR KL_COEF HORIZON_SCHEDULE HORIZON_STAGE_STEPS RUN_NAME
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/run_sciworld_grpo_train.sh" "$@"

@@ -1,0 +1,265 @@
+"""Score a checkpoint on held-out item ids, through the env's real agent func and the gateway.
+
+    python scripts/eval.py --env babyai --model CKPT --items data/generated/babyai_test.jsonl --k 4 \\
+        --out runs/eval/babyai.json [--gateway http://127.0.0.1:8800] [--engine vllm|hf] [--limit N]
+
+Every item is played ``--k`` times by ``agent_funcs/<env>.py``'s ``AgentExecutor`` (OpenRLHF's
+``MultiTurnAgentExecutor``: same prompts, turn limit (MAX_TURNS), action parsing and reward shaping as in
+training), all episodes concurrently; generation is batched across the episodes that wait for the model.
+``--engine vllm`` (default when vLLM imports) uses ``vllm.LLM``; ``--engine hf`` is plain ``transformers``
+``generate`` (CPU tests, small models). Metrics: scripts/agent_metrics.py (success rate, mean reward, Avg@k,
+pass^1..k). Writes ``--out`` (metrics and the per-item table) and ``<out>.episodes.jsonl``: one line per episode,
+``{env, item_id, trial, reward, success, turns, messages, turn_rewards, extra_logs}``, with messages in the ReAct
+chat format of scripts/make_demos.py (scripts/viz_trajectories.py reads both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import importlib.util
+import json
+import os
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+
+import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF imports on CPU-only machines)
+from agent_funcs.instructions import ACKNOWLEDGEMENT  # noqa: E402
+from agent_metrics import summarize  # noqa: E402
+
+_TRACE: contextvars.ContextVar[dict] = contextvars.ContextVar("eval_trace")
+
+
+class HFBackend:
+    """``transformers`` generate on a left-padded batch; each reply cut at its first end token and its budget."""
+
+    def __init__(self, model_dir: str, temperature: float, seed: int):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch, self.temperature = torch, temperature
+        torch.manual_seed(seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.eos.add(self.tokenizer.eos_token_id)
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos)
+
+    def generate(self, requests: list[tuple[list[int], int]]) -> list[SimpleNamespace]:
+        torch = self.torch
+        width = max(len(ids) for ids, _ in requests)
+        input_ids = torch.tensor([[self.pad] * (width - len(ids)) + ids for ids, _ in requests])
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests])
+        sample = {"do_sample": True, "temperature": self.temperature, "top_p": 1.0, "top_k": 0} \
+            if self.temperature > 0 else {"do_sample": False}
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids, attention_mask=mask, pad_token_id=self.pad,
+                                      eos_token_id=sorted(self.eos), max_new_tokens=max(n for _, n in requests),
+                                      **sample)
+        replies = []
+        for row, (_, budget) in zip(out[:, width:].tolist(), requests):
+            end = next((i + 1 for i, t in enumerate(row[:budget]) if t in self.eos), None)
+            ids = row[:end] if end else row[:budget]
+            replies.append(SimpleNamespace(token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                                           finish_reason="stop" if end else "length", logprobs=None))
+        return replies
+
+
+class VLLMBackend:
+    """``vllm.LLM`` over token-id prompts (its replies keep the end token in ``token_ids``, not in ``text``)."""
+
+    def __init__(self, model_dir: str, temperature: float, seed: int, max_model_len: int):
+        from vllm import LLM, SamplingParams
+
+        self.params, self.temperature, self.seed = SamplingParams, temperature, seed
+        self.llm = LLM(model=model_dir, max_model_len=max_model_len, seed=seed, dtype="bfloat16")
+
+    def generate(self, requests: list[tuple[list[int], int]]) -> list[SimpleNamespace]:
+        prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
+        params = [self.params(max_tokens=n, temperature=self.temperature) for _, n in requests]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [SimpleNamespace(token_ids=list(o.outputs[0].token_ids), text=o.outputs[0].text,
+                                finish_reason=o.outputs[0].finish_reason, logprobs=None) for o in outs]
+
+
+class BatchingEngine:
+    """The ``generate(token_ids, sampling_params)`` call MultiTurnAgentExecutor makes, served in batches: requests
+    that arrive while a batch runs form the next batch."""
+
+    def __init__(self, backend: Any, max_new_tokens: int):
+        self.backend, self.max_new_tokens = backend, max_new_tokens
+        self.pending: list[tuple[list[int], int, asyncio.Future]] = []
+        self.runner: asyncio.Task | None = None
+
+    async def generate(self, token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        budget = min(self.max_new_tokens, sampling_params.max_tokens or self.max_new_tokens)
+        self.pending.append((list(token_ids), budget, future))
+        if self.runner is None or self.runner.done():
+            self.runner = asyncio.ensure_future(self._drain())
+        return SimpleNamespace(outputs=[await future])
+
+    async def _drain(self) -> None:
+        while self.pending:
+            await asyncio.sleep(0)  # let every episode that is about to ask join this batch
+            batch, self.pending = self.pending, []
+            try:
+                replies = await asyncio.to_thread(self.backend.generate, [(ids, n) for ids, n, _ in batch])
+            except Exception as e:  # noqa: BLE001 - every waiting episode gets the error
+                for *_, future in batch:
+                    future.set_exception(e)
+                continue
+            for (*_, future), reply in zip(batch, replies):
+                future.set_result(reply)
+
+
+def recording_executor(env: str) -> type:
+    """The env's AgentExecutor (loaded by path, as OpenRLHF loads it), with an agent that also records the
+    conversation: the observations it was shown, the replies, and each turn's reward."""
+    spec = importlib.util.spec_from_file_location(f"agent_func_{env}", os.path.join(ROOT, "agent_funcs", f"{env}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    agent_cls = module.AgentExecutor.agent_cls
+
+    class RecordingAgent(agent_cls):
+        def first_prompt(self, observation: str, info: dict) -> str:
+            _TRACE.get()["messages"] = [{"role": "user", "content": self.instruction},
+                                        {"role": "assistant", "content": ACKNOWLEDGEMENT},
+                                        {"role": "user", "content": observation}]
+            return super().first_prompt(observation, info)
+
+        def result(self, observation: str, done: bool) -> dict:
+            self.shown = observation
+            return super().result(observation, done)
+
+        async def step(self, states: dict, **kwargs: Any) -> dict:
+            out = await super().step(states, **kwargs)
+            trace = _TRACE.get()
+            trace["messages"] += [{"role": "assistant", "content": states["action_text"]},
+                                  {"role": "user", "content": self.shown}]
+            trace["turn_rewards"].append(float(out["rewards"]))
+            return out
+
+    return type("AgentExecutor", (module.AgentExecutor,), {"agent_cls": RecordingAgent})
+
+
+async def play(env: str, items: list[str], k: int, engine: BatchingEngine, tokenizer: Any, max_length: int,
+               concurrency: int) -> list[dict]:
+    from agent_funcs.base import CLIENTS
+
+    executor_cls = recording_executor(env)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def episode(item: str, trial: int) -> dict:
+        async with gate:
+            trace = {"messages": [], "turn_rewards": []}
+            _TRACE.set(trace)  # this task's own context
+            params = SimpleNamespace(max_tokens=None, logprobs=None)
+            out = await executor_cls().execute(f"{env}/{item}", item, params, max_length, tokenizer, engine)
+            logs = {k_: float(v) for k_, v in (out.get("extra_logs") or {}).items()}
+            return {"env": env, "item_id": item, "trial": trial, "reward": float(out["reward"]),
+                    "success": bool(logs.get("success", 0.0)), "turns": len(trace["turn_rewards"]),
+                    "messages": trace["messages"], "turn_rewards": trace["turn_rewards"], "extra_logs": logs}
+
+    try:
+        return list(await asyncio.gather(*(episode(item, t) for item in items for t in range(k))))
+    finally:
+        for client in CLIENTS.values():
+            await client.aclose()
+
+
+def read_items(path: str | None, ids: str | None, limit: int | None) -> list[str]:
+    if bool(path) == bool(ids):
+        raise SystemExit("eval.py: give exactly one of --items FILE.jsonl (scripts/make_itemids.py) or --item-ids")
+    if ids:
+        items = [i.strip() for i in ids.split(",") if i.strip()]
+    else:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        items = [str(r["label"]) if r.get("label") not in (None, "") else str(r["prompt"]).split("/", 1)[1]
+                 for r in rows]
+    items = items[:limit] if limit else items
+    if not items:
+        raise SystemExit("eval.py: no item ids to evaluate")
+    return items
+
+
+def item_table(episodes: list[dict], items: list[str]) -> list[dict]:
+    table = []
+    for item in items:
+        mine = sorted((e for e in episodes if e["item_id"] == item), key=lambda e: e["trial"])
+        rewards = [e["reward"] for e in mine]
+        table.append({"item_id": item, "trials": len(mine), "successes": sum(e["success"] for e in mine),
+                      "mean_reward": sum(rewards) / len(rewards), "rewards": rewards,
+                      "turns": [e["turns"] for e in mine]})
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", required=True, help="agent func name: agent_funcs/<env>.py")
+    p.add_argument("--model", required=True, help="HF checkpoint folder (e.g. a run's model/ output)")
+    p.add_argument("--items", help="prompt-dataset JSONL of held-out item ids (scripts/make_itemids.py)")
+    p.add_argument("--item-ids", help="comma-separated item ids instead of --items")
+    p.add_argument("--limit", type=int, help="only the first N items")
+    p.add_argument("--k", type=int, default=4, help="trials per item (Avg@k, pass^1..k)")
+    p.add_argument("--out", required=True, help="metrics + per-item table (JSON)")
+    p.add_argument("--episodes-out", help="episode JSONL (default: <out without .json>.episodes.jsonl)")
+    p.add_argument("--gateway", default=os.environ.get("COPE_GATEWAY_URL", "http://127.0.0.1:8800"))
+    p.add_argument("--engine", choices=("vllm", "hf"), default=None, help="default: vllm when it imports, else hf")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=512, help="per turn")
+    p.add_argument("--max-length", type=int, default=16384, help="whole episode, tokens")
+    p.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if args.k < 1:
+        raise SystemExit("eval.py: --k must be >= 1")
+    if not os.path.isdir(args.model):
+        raise SystemExit(f"eval.py: --model {args.model} is not a checkpoint folder")
+    items = read_items(args.items, args.item_ids, args.limit)
+    os.environ["COPE_GATEWAY_URL"] = args.gateway  # the agent func reads it per episode
+    engine_name = args.engine
+    if engine_name is None:
+        engine_name = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    if engine_name == "vllm":
+        backend = VLLMBackend(args.model, args.temperature, args.seed, args.max_length)
+        tokenizer = backend.llm.get_tokenizer()
+    else:
+        backend = HFBackend(args.model, args.temperature, args.seed)
+        tokenizer = backend.tokenizer
+    start = time.monotonic()
+    episodes = asyncio.run(play(args.env, items, args.k, BatchingEngine(backend, args.max_new_tokens), tokenizer,
+                                args.max_length, args.concurrency))
+    table = item_table(episodes, items)
+    metrics = summarize([row["rewards"] for row in table],
+                        [[e["success"] for e in episodes if e["item_id"] == row["item_id"]] for row in table], args.k)
+    report = {"env": args.env, "model": os.path.abspath(args.model), "engine": engine_name, "k": args.k,
+              "temperature": args.temperature, "items": len(items), "episodes": len(episodes),
+              "env_failures": sum(e["extra_logs"].get("env_failed", 0.0) > 0 for e in episodes),
+              "seconds": round(time.monotonic() - start, 1), "metrics": metrics, "per_item": table}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    episodes_out = args.episodes_out or (args.out[:-5] if args.out.endswith(".json") else args.out) + ".episodes.jsonl"
+    with open(episodes_out, "w", encoding="utf-8") as f:
+        for e in episodes:
+            f.write(json.dumps(e) + "\n")
+    print(f"eval: {args.env}: {len(items)} items x {args.k} trials: "
+          + ", ".join(f"{name} {value:.3f}" for name, value in metrics.items()) + f" -> {args.out}, {episodes_out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

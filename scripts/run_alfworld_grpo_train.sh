@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# GRPO (+ CoPE signals) on ALFWorld with OpenRLHF's Ray trainer.
+# Defaults here: 50 turns as GiGPO ran it, n = 8.
+# Every other setting, DRY_RUN=1 and RAY_ADDRESS: scripts/lib/common.sh. A method variant is one more variable:
+#   TE_ENABLE=1 TE_LAMBDA=0.1 bash scripts/run_alfworld_grpo_train.sh
+set -euo pipefail
+ENV_NAME=alfworld
+: "${MAX_TURNS:=50}" "${N_SAMPLES_PER_PROMPT:=8}"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+cope_train_main "$@"

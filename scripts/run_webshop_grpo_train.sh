@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# GRPO (+ CoPE signals) on WebShop with OpenRLHF's Ray trainer.
+# Defaults here: 15 turns, n = 8; reward binarised by agent_funcs/webshop.py.
+# Every other setting, DRY_RUN=1 and RAY_ADDRESS: scripts/lib/common.sh. A method variant is one more variable:
+#   TE_ENABLE=1 TE_LAMBDA=0.1 bash scripts/run_webshop_grpo_train.sh
+set -euo pipefail
+ENV_NAME=webshop
+: "${MAX_TURNS:=15}" "${N_SAMPLES_PER_PROMPT:=8}"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+cope_train_main "$@"
