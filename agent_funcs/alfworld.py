@@ -10,23 +10,12 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # OpenRLHF loads this file by path
 
-from agent_funcs.base import REACT_FORMAT, GatewayAgent, GatewayAgentExecutor  # noqa: E402
+from agent_funcs.base import GatewayAgent, GatewayAgentExecutor  # noqa: E402
 from agent_funcs.instructions import INSTRUCTIONS  # noqa: E402
-
-# Until agent_funcs/instructions.py (which the demo generator reads) has an ALFWorld text, this one is used.
-_INSTRUCTION = (
-    "You are in a household text game. The first observation describes the room and your task. Interact with "
-    "the objects and receptacles to complete it.\n"
-    "Commands: go to <receptacle>, open <receptacle>, close <receptacle>, take <object> from <receptacle>, "
-    "move <object> to <receptacle>, examine <something>, use <object>, heat <object> with <receptacle>, cool "
-    "<object> with <receptacle>, clean <object> with <receptacle>, slice <object> with <object>, inventory, look. "
-    "Name objects and receptacles exactly as the observations do, e.g. \"apple 1\", \"countertop 2\".\n" + REACT_FORMAT
-)
-
 
 class ALFWorldAgent(GatewayAgent):
     env = "alfworld"
-    instruction = INSTRUCTIONS.get("alfworld", _INSTRUCTION)
+    instruction = INSTRUCTIONS["alfworld"]
     default_max_turns = 50
 
 

@@ -11,19 +11,8 @@ import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # OpenRLHF loads this file by path
 
-from agent_funcs.base import REACT_FORMAT, GatewayAgent, GatewayAgentExecutor  # noqa: E402
+from agent_funcs.base import GatewayAgent, GatewayAgentExecutor  # noqa: E402
 from agent_funcs.instructions import INSTRUCTIONS  # noqa: E402
-
-# Until agent_funcs/instructions.py (which the demo generator reads) has a SciWorld text, this one is used.
-_INSTRUCTION = (
-    "You are an agent in ScienceWorld, a text simulation of rooms, objects and science tasks. Each observation "
-    "describes where you are and what happened. Complete the task stated in the first observation.\n"
-    "Useful commands: look around, look at <obj>, go to <location>, open <obj>, close <obj>, pick up <obj>, "
-    "put down <obj>, move <obj> to <container>, pour <obj> into <container>, activate <device>, deactivate "
-    "<device>, use <device> on <obj>, focus on <obj> (only on the object the task names: focusing on a wrong "
-    "object ends the task), wait, wait1, inventory, task.\n" + REACT_FORMAT
-)
-
 
 def binarised_sciworld_score(score: float, done: bool) -> float:
     """1 only when the task is done with the full score of 100."""
@@ -32,7 +21,7 @@ def binarised_sciworld_score(score: float, done: bool) -> float:
 
 class SciWorldAgent(GatewayAgent):
     env = "sciworld"
-    instruction = INSTRUCTIONS.get("sciworld", _INSTRUCTION)
+    instruction = INSTRUCTIONS["sciworld"]
     default_max_turns = 20
 
     def score(self, env_total: float, last_reward: float, done: bool) -> float:

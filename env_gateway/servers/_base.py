@@ -42,6 +42,41 @@ class RequestError(Exception):
         self.status, self.error, self.detail = status, error, detail
 
 
+async def json_body(request: web.Request, *required: str) -> dict:
+    """The request's JSON object, with the required fields present; else a 400 that says what to fix."""
+    try:
+        data = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict):
+        raise RequestError(400, "bad_json", "the request body must be a JSON object")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise RequestError(400, "missing_field", f"required field(s) missing: {', '.join(missing)}")
+    return data
+
+
+def json_errors(env_name: str) -> Callable:
+    """Middleware: RequestError -> its 4xx/503 JSON; aiohttp's own 404/405 -> JSON; any other exception (an env
+    failure) -> a 500 JSON naming the env and the cause, logged, and the server keeps serving."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return web.json_response({"error": e.error, "detail": e.detail}, status=e.status)
+        except web.HTTPException as e:
+            return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
+                                     status=e.status)
+        except Exception as e:
+            log.exception("%s: %s %s failed", env_name, request.method, request.path)
+            return web.json_response({"error": "env_failure", "detail": f"{env_name}: {type(e).__name__}: {e}"},
+                                     status=500)
+
+    return errors
+
+
 @dataclass
 class Instance:
     env: Any
@@ -113,19 +148,6 @@ class EnvServer:
             raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: create one with POST /create")
         return env_id, self.instances[env_id]
 
-    @staticmethod
-    async def body(request: web.Request, *required: str) -> dict:
-        try:
-            data = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RequestError(400, "bad_json", "the request body must be a JSON object")
-        if not isinstance(data, dict):
-            raise RequestError(400, "bad_json", "the request body must be a JSON object")
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise RequestError(400, "missing_field", f"required field(s) missing: {', '.join(missing)}")
-        return data
-
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "env": self.name, "instances": len(self.instances),
                                   "max_instances": self.max_instances})
@@ -140,7 +162,7 @@ class EnvServer:
         return web.json_response({"id": env_id})
 
     async def handle_reset(self, request: web.Request) -> web.Response:
-        data = self.reset_fields(await self.body(request, "id"))
+        data = self.reset_fields(await json_body(request, "id"))
         if "data_idx" not in data:
             raise RequestError(400, "missing_field", "required field(s) missing: data_idx")
         env_id, inst = self.instance(data["id"])
@@ -157,7 +179,7 @@ class EnvServer:
         return web.json_response(result)
 
     async def handle_step(self, request: web.Request) -> web.Response:
-        data = await self.body(request, "id", "action")
+        data = await json_body(request, "id", "action")
         env_id, inst = self.instance(data["id"])
         if not isinstance(data["action"], str):
             raise RequestError(400, "bad_action", "'action' must be a string")
@@ -187,29 +209,15 @@ class EnvServer:
         return web.json_response({"env": self.name, "split": split, "item_ids": ids})
 
     async def handle_close(self, request: web.Request) -> web.Response:
-        data = await self.body(request, "id")
+        data = await json_body(request, "id")
         env_id, inst = self.instance(data["id"])
         async with inst.lock:
             self.instances.pop(env_id, None)
             await self.run_blocking(self.close_env, inst.env)
         return web.json_response({"closed": env_id})
 
-    @web.middleware
-    async def errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except RequestError as e:
-            return web.json_response({"error": e.error, "detail": e.detail}, status=e.status)
-        except web.HTTPException as e:  # aiohttp's own 404/405 for unknown routes
-            return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
-                                     status=e.status)
-        except Exception as e:  # an env failure: report it, keep serving
-            log.exception("%s: %s %s failed", self.name, request.method, request.path)
-            return web.json_response({"error": "env_failure", "detail": f"{self.name}: {type(e).__name__}: {e}"},
-                                     status=500)
-
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.errors], client_max_size=1 << 20)
+        app = web.Application(middlewares=[json_errors(self.name)], client_max_size=1 << 20)
         app.add_routes([
             web.get("/", self.handle_health),
             web.post("/create", self.handle_create),

@@ -48,18 +48,14 @@ from typing import Any, Callable, Protocol
 
 from aiohttp import web
 
+from env_gateway.servers._base import RequestError, json_body, json_errors
+
 log = logging.getLogger("env_gateway.servers.tau2")
 
 DOMAINS = ("airline", "retail", "telecom")
 STOP_TOOL = "done"
 FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # τ²'s orchestrator opens every conversation with this
 CALL_FORMAT = 'Write <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.'
-
-
-class RequestError(Exception):
-    def __init__(self, status: int, error: str, detail: str):
-        super().__init__(f"{error}: {detail}")
-        self.status, self.error, self.detail = status, error, detail
 
 
 @dataclass(frozen=True)
@@ -249,19 +245,6 @@ class Tau2Server:
             raise RequestError(404, "unknown_env_idx", f"no tau2 instance {idx}: create one with POST /create")
         return self.episodes[idx]
 
-    @staticmethod
-    async def body(request: web.Request, *required: str) -> dict:
-        try:
-            data = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            data = None
-        if not isinstance(data, dict):
-            raise RequestError(400, "bad_json", "the request body must be a JSON object")
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise RequestError(400, "missing_field", f"required field(s) missing: {', '.join(missing)}")
-        return data
-
     async def handle_create(self, request: web.Request) -> web.Response:
         if len(self.episodes) >= self.max_instances:
             raise RequestError(503, "full", f"this server holds its maximum of {self.max_instances} instances")
@@ -270,7 +253,7 @@ class Tau2Server:
         return web.json_response(idx)
 
     async def handle_reset(self, request: web.Request) -> web.Response:
-        data = await self.body(request, "env_idx", "session_id")
+        data = await json_body(request, "env_idx", "session_id")
         ep = self.episode(data["env_idx"])
         domain, sep, task_id = str(data["session_id"]).partition("/")
         if not sep or domain not in DOMAINS or not task_id:
@@ -285,7 +268,7 @@ class Tau2Server:
                                   "domain": domain, "task_id": task_id})
 
     async def handle_step(self, request: web.Request) -> web.Response:
-        data = await self.body(request, "env_idx", "action")
+        data = await json_body(request, "env_idx", "action")
         ep = self.episode(data["env_idx"])
         if not isinstance(data["action"], str):
             raise RequestError(400, "bad_action", "'action' must be a string (the agent's reply)")
@@ -334,7 +317,7 @@ class Tau2Server:
         return web.json_response({"observation": self.episode(request.query.get("env_idx")).state})
 
     async def handle_close(self, request: web.Request) -> web.Response:
-        data = await self.body(request, "env_idx")
+        data = await json_body(request, "env_idx")
         self.episode(data["env_idx"])
         self.episodes.pop(int(data["env_idx"]), None)
         return web.json_response({"closed": int(data["env_idx"])})
@@ -343,21 +326,8 @@ class Tau2Server:
         return web.json_response({"status": "ok", "env": "tau2", "instances": len(self.episodes),
                                   "reward_shape": self.reward_shape})
 
-    @web.middleware
-    async def errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except RequestError as e:
-            return web.json_response({"error": e.error, "detail": e.detail}, status=e.status)
-        except web.HTTPException as e:
-            return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
-                                     status=e.status)
-        except Exception as e:  # a tau2 or user-simulator failure: report it, keep serving
-            log.exception("tau2: %s %s failed", request.method, request.path)
-            return web.json_response({"error": "env_failure", "detail": f"tau2: {type(e).__name__}: {e}"}, status=500)
-
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.errors], client_max_size=1 << 20)
+        app = web.Application(middlewares=[json_errors("tau2")], client_max_size=1 << 20)
         app.add_routes([web.get("/", self.handle_health), web.post("/create", self.handle_create),
                         web.post("/reset", self.handle_reset), web.post("/step", self.handle_step),
                         web.get("/observation", self.handle_observation), web.post("/close", self.handle_close)])
