@@ -3,6 +3,8 @@
 Precedence: ``--cope.<name>`` flag > environment variable ``<NAME>`` > built-in default. The built-in
 defaults turn every signal off, so a run without CoPE settings is OpenRLHF's stock GRPO:
 ``ACTION_FORECAST_ENABLE``, ``TE_ENABLE``, ``GRPO_FILTER_DEGENERATE`` false and ``INFO_INTRINSIC_WEIGHT`` 0.
+``BRANCH_PACK`` (default on) is no signal: it picks how the signals are computed (``cope_rlhf.branches``: one
+forward per trajectory with the turns as branches, instead of one forward per turn), with the same values.
 
 Every value is checked when it is read; a bad one raises ``CoPEConfigError`` naming the variable (or flag)
 and the allowed values. On the command line the same message comes out through argparse (exit code 2).
@@ -79,6 +81,7 @@ class CoPEConfig:
     info_max_turns: int = 8
     info_probe_tokens: int = 16
     grpo_filter_degenerate: bool = False
+    branch_pack: bool = True  # how the signals are computed, not a signal: same values, one forward per trajectory
 
     def __post_init__(self):
         # Constructing directly (not through from_env/from_args) still gets every check.
@@ -146,6 +149,7 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "info_max_turns": _keep(_number(int, 1), int),
     "info_probe_tokens": _keep(_number(int, 1), int),
     "grpo_filter_degenerate": _keep(_parse_bool, bool),
+    "branch_pack": _keep(_parse_bool, bool),
 }
 
 

@@ -20,16 +20,22 @@ keeps winners of groups holding both a win and a loss. Group norm: a kept trajec
 1/m_g (m_g = kept in g), rescaled so the mean weight over kept trajectories is 1; otherwise every weight is 1.
 
     L_AF = coef * sum_i w_i * sum_{target tokens} -log pi_theta(y | prefix) / N_target_tokens
+
+Branch packing (``forecast_loss(..., branch_pack=True)``, ``pack_forecast_samples``): a sample is its
+trajectory's first ``prefix_len`` tokens plus a short branch (plan-ahead message and target), so a trajectory's
+samples run as one row, the trajectory once and each sample's branch after it (``cope_rlhf.branches``); the
+loss and its gradient are the per-sample path's.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from cope_rlhf.branches import BlockMaskFn, Branch, PackedRows, dense_mask, pack_rows
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import Turn, unpadded_trajectories
 
@@ -249,3 +255,99 @@ def forecast_nll(
     if total == 0:
         return logits.sum() * 0.0
     return coef * (weights.float().unsqueeze(1) * token_nll * mask).sum() / total
+
+
+def pack_by_trajectory(
+    samples: Sequence[ForecastSample], ends: Optional[Sequence[int]] = None
+) -> Tuple[PackedRows, List[Tuple[int, int]]]:
+    """Branch packing of forecast samples: one row per trajectory (``sample.row``), whose trunk is the longest
+    ``input_ids[:prefix_len]`` among its samples (the trajectory's own tokens), and whose branches are each
+    sample's ``input_ids[prefix_len:end]`` at positions ``prefix_len, ...``, seeing the trunk's first
+    ``prefix_len`` tokens. ``ends[i]`` cuts sample i (default: its length). Returns the rows and, per sample,
+    its (row, branch)."""
+    groups: Dict[int, List[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.row, []).append(i)
+    trunks, branches, places = [], [], [None] * len(samples)
+    for r, members in enumerate(groups.values()):
+        longest = max(members, key=lambda i: samples[i].prefix_len)
+        trunk = samples[longest].input_ids[: samples[longest].prefix_len]
+        row_branches = []
+        for b, i in enumerate(members):
+            s = samples[i]
+            if s.input_ids[: s.prefix_len] != trunk[: s.prefix_len]:
+                raise ValueError(
+                    f"forecast samples of trajectory {s.row} do not share its tokens (input_ids[:prefix_len]); "
+                    "give each trajectory its own row number"
+                )
+            end = len(s.input_ids) if ends is None else ends[i]
+            row_branches.append(Branch(s.input_ids[s.prefix_len : max(end, s.prefix_len)], s.prefix_len, s.prefix_len))
+            places[i] = (r, b)
+        trunks.append(trunk)
+        branches.append(row_branches)
+    return pack_rows(trunks, branches), places
+
+
+def sample_columns(packed: PackedRows, place: Tuple[int, int], prefix_len: int, js: torch.Tensor) -> torch.Tensor:
+    """Columns of a packed row holding positions ``js`` of a sample (its prefix is the trunk's start)."""
+    row, branch = place
+    return torch.where(js < prefix_len, js, packed.column(row, branch, 0) + js - prefix_len)
+
+
+@dataclass
+class PackedForecast:
+    rows: PackedRows
+    logit_index: torch.Tensor  # (N, 2): (row, column) of the logits predicting each target token
+    labels: torch.Tensor  # (N,) the target tokens
+    weights: torch.Tensor  # (N,) their sample's weight
+
+
+def pack_forecast_samples(samples: Sequence[ForecastSample]) -> PackedForecast:
+    """Forecast samples as branches off their trajectories (``pack_by_trajectory``), with every target token's
+    label, weight and the place of the logits that predict it."""
+    rows, places = pack_by_trajectory(samples)
+    index, labels, weights = [], [], []
+    for s, place in zip(samples, places):
+        mask = torch.as_tensor(s.loss_mask[1:], dtype=torch.bool)
+        js = mask.nonzero().flatten()  # logits at j predict input_ids[j + 1]
+        index.append(torch.stack([torch.full_like(js, place[0]), sample_columns(rows, place, s.prefix_len, js)], 1))
+        labels.append(torch.as_tensor(s.input_ids[1:], dtype=torch.long)[mask])
+        weights.append(torch.full((len(js),), float(s.weight)))
+    cat = lambda parts, **kw: torch.cat(parts) if parts else torch.zeros((0,), **kw)  # noqa: E731
+    index = cat(index, dtype=torch.long).reshape(-1, 2)
+    return PackedForecast(rows, index, cat(labels, dtype=torch.long), cat(weights))
+
+
+def packed_forecast_nll(logits: torch.Tensor, packed: PackedForecast, coef: float = 1.0) -> torch.Tensor:
+    """L_AF from the logits of the packed rows; equals ``forecast_nll`` on the same samples collated."""
+    if len(packed.labels) == 0:
+        return logits.sum() * 0.0
+    index = packed.logit_index.to(logits.device)
+    log_probs = torch.log_softmax(logits[index[:, 0], index[:, 1]].float(), dim=-1)
+    token_nll = -log_probs.gather(-1, packed.labels.to(logits.device).unsqueeze(-1)).squeeze(-1)
+    return coef * (packed.weights.to(logits.device) * token_nll).sum() / len(packed.labels)
+
+
+def forecast_loss(
+    logits_fn: Callable,
+    samples: Sequence[ForecastSample],
+    coef: float = 1.0,
+    pad_token_id: int = 0,
+    branch_pack: bool = False,
+    block_mask: BlockMaskFn = dense_mask,
+    device=None,
+) -> torch.Tensor:
+    """L_AF of ``samples`` through ``logits_fn(input_ids, attention_mask, position_ids)`` (with gradient): the
+    samples collated and run one by one row (the reference), or, with ``branch_pack``, as branches off their
+    trajectories, ``logits_fn`` getting ``block_mask(rows)`` as its attention mask."""
+    if not branch_pack:
+        input_ids, attention_mask, loss_mask, weights = collate_forecast_samples(samples, pad_token_id)
+        position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+        logits = logits_fn(input_ids.to(device), attention_mask.to(device), position_ids.to(device))
+        on = logits.device
+        return forecast_nll(logits, input_ids.to(on), loss_mask.to(on), weights.to(on), coef)
+    packed = pack_forecast_samples(samples)
+    mask = block_mask(packed.rows)
+    mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
+    logits = logits_fn(packed.rows.input_ids.to(device), mask, packed.rows.position_ids.to(device))
+    return packed_forecast_nll(logits, packed, coef)

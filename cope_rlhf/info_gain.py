@@ -14,6 +14,11 @@ masks keys (eager, SDPA) or drops masked tokens (flash-attention's unpadding).
 
 r_t is spread evenly over turn t's action tokens (each gets r_t / len(turn t)); all other tokens get 0.
 
+Branch packing (``branch_pack=True``, see ``cope_rlhf.branches``): the counterfactual of turn t differs
+from the real sequence only from the block's last token on, so each turn needs just the P tokens
+``[action_start - 1, action_start - 1 + P)`` recomputed, as a branch that sees the trajectory before the block:
+one forward of the trajectory plus P tokens per scored turn, instead of one forward per turn.
+
 Everything runs through ``logits_fn(sequences, attention_mask, position_ids) -> (rows, L, V) logits``, so a
 HF model and an OpenRLHF actor serve alike. Position ids follow OpenRLHF's ``Actor.forward`` convention
 (``cumsum(attention_mask) - 1``, padding at 1).
@@ -25,6 +30,7 @@ from typing import Callable, Dict, List, NamedTuple, Tuple
 
 import torch
 
+from cope_rlhf.branches import Branch, BlockMaskFn, contiguous_span, dense_mask, pack_rows
 from cope_rlhf.turns import Turn, action_offset, turn_spans
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -70,10 +76,16 @@ def info_gain_rewards(
     probe_tokens: int = 16,
     max_turns: int = 8,
     rows_per_forward: int = 16,
+    branch_pack: bool = False,
+    block_mask: BlockMaskFn = dense_mask,
 ) -> Tuple[torch.Tensor, List[List[float]], Dict[str, float]]:
     """Per-token intrinsic reward ``(B, A)`` aligned with ``action_mask``, per-turn r_t (0 for unscored
     turns), and metrics. Runs the real rows that have a scored turn, then one counterfactual row per scored
-    turn, ``rows_per_forward`` rows per call, each cut after its last probe position (attention is causal)."""
+    turn, ``rows_per_forward`` rows per call, each cut after its last probe position (attention is causal).
+
+    ``branch_pack``: instead, one packed row per trajectory (``rows_per_forward`` trajectories per call), the
+    counterfactuals as short branches off it; ``logits_fn`` then gets ``block_mask(packed)`` (default: the
+    boolean 4D mask HF sdpa takes) as its attention mask. Same values; the naive path is the reference."""
     turns = turn_spans(action_mask, sequences.shape[1], attention_mask)
     offset = action_offset(sequences.shape[1], action_mask.shape[1])
     probes = plan_probes(turns, probe_tokens, max_turns)
@@ -83,6 +95,23 @@ def info_gain_rewards(
     if not probes:
         return token_rewards, turn_rewards, {"cope/info_reward_mean": 0.0, "cope/info_turns_scored": 0}
 
+    if branch_pack:
+        values = _packed_values(logits_fn, sequences, attention_mask, probes, rows_per_forward, block_mask)
+    else:
+        values = _naive_values(logits_fn, sequences, attention_mask, position_ids, probes, rows_per_forward)
+
+    for p, value in zip(probes, values):
+        turn = turns[p.row][p.turn]
+        turn_rewards[p.row][p.turn] = value
+        token_rewards[p.row, turn.action_start - offset : turn.action_end - offset] = value / (
+            turn.action_end - turn.action_start
+        )
+    metrics = {"cope/info_reward_mean": sum(values) / len(values), "cope/info_turns_scored": len(values)}
+    return token_rewards, turn_rewards, metrics
+
+
+def _naive_values(logits_fn, sequences, attention_mask, position_ids, probes, rows_per_forward) -> List[float]:
+    """The reference: the real rows, then one counterfactual row per probe, masked by a 2D attention mask."""
     # Only the probe positions' logits are kept (cloned), so peak memory is one chunk's (rows, L, V).
     real_logits = {}
     probed_rows = sorted({p.row for p in probes})
@@ -108,12 +137,42 @@ def info_gain_rewards(
             a, b = p.positions
             values.append(float(probe_kl(real_logits[p], masked_logits[i, a:b])))
         del masked_logits
+    return values
 
-    for p, value in zip(probes, values):
-        turn = turns[p.row][p.turn]
-        turn_rewards[p.row][p.turn] = value
-        token_rewards[p.row, turn.action_start - offset : turn.action_end - offset] = value / (
-            turn.action_end - turn.action_start
-        )
-    metrics = {"cope/info_reward_mean": sum(values) / len(values), "cope/info_turns_scored": len(values)}
-    return token_rewards, turn_rewards, metrics
+
+def _packed_values(logits_fn, sequences, attention_mask, probes, rows_per_forward, block_mask) -> List[float]:
+    """One packed row per trajectory: the trajectory up to its last probe (the real logits), then per probe a
+    branch of the P tokens ``[action_start - 1, action_start - 1 + P)`` seeing the trunk before the masked block.
+
+    The counterfactual hides ``[obs_start, obs_end - 1)``; every token from ``obs_end - 1`` on changes (it no
+    longer sees the block), and those are exactly the branch's tokens up to the last probe. Tokens before
+    ``obs_start`` are untouched, so the branch reads them from the trunk."""
+    by_row: Dict[int, List[Probe]] = {}
+    for p in probes:
+        by_row.setdefault(p.row, []).append(p)
+    rows = sorted(by_row)
+    found: Dict[Probe, float] = {}
+    for c in range(0, len(rows), rows_per_forward):
+        chunk = rows[c : c + rows_per_forward]
+        trunks, branches, firsts = [], [], []
+        for row in chunk:
+            first, _ = contiguous_span(attention_mask[row])
+            tokens = sequences[row].tolist()
+            end = max(p.positions[1] for p in by_row[row])
+            trunks.append(tokens[first:end])
+            branches.append([
+                Branch(tokens[a:b], a - first, p.masked[0] - first) for p in by_row[row] for a, b in [p.positions]
+            ])
+            firsts.append(first)
+        packed = pack_rows(trunks, branches)
+        device = sequences.device
+        mask = block_mask(packed)
+        mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
+        logits = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device))
+        for i, (row, first) in enumerate(zip(chunk, firsts)):
+            for j, p in enumerate(by_row[row]):
+                a, b = p.positions
+                start = packed.column(i, j, 0)
+                found[p] = float(probe_kl(logits[i, a - first : b - first], logits[i, start : start + b - a]))
+        del logits
+    return [found[p] for p in probes]

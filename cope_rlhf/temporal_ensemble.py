@@ -12,16 +12,21 @@ token ids occur verbatim inside turn t's action tokens (last occurrence).
 
 The summand is the low-variance (k3) KL estimator (r - 1) - log r, r = q/p, in expectation over v ~ p: with
 normalised q it equals KL(pi_theta || q) exactly. lambda is 0 before ``TE_WARMUP_STEPS``.
+
+The members' logits come from ``member_logits``: one forward per forecast sample (the reference), or with
+``branch_pack`` one forward per trajectory, its samples as branches off it (``cope_rlhf.branches``).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+import dataclasses
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import ForecastSample
+from cope_rlhf.branches import BlockMaskFn, dense_mask
+from cope_rlhf.forecast import ForecastSample, pack_by_trajectory, sample_columns
 from cope_rlhf.turns import Turn
 
 TOP_M = 64
@@ -106,3 +111,54 @@ def te_loss(policy_logits: torch.Tensor, q: torch.Tensor, lam: float) -> torch.T
     if policy_logits.shape[0] == 0:
         return policy_logits.sum() * 0.0
     return lam * te_kl(policy_logits, q).mean()
+
+
+@torch.no_grad()
+def member_logits(
+    logits_fn: Callable,
+    samples: Sequence[ForecastSample],
+    branch_pack: bool = False,
+    rows_per_forward: int = 8,
+    block_mask: BlockMaskFn = dense_mask,
+    device=None,
+) -> Tuple[List[ForecastSample], List[torch.Tensor]]:
+    """The frozen policy's logits for ``collect_members``: the samples that forecast a later turn, each cut to
+    ``[first, end)`` around its later slots (slots shifted to match), and their logits there (cpu, float32).
+
+    Per sample one forward of ``input_ids[:end]`` (the reference), or, with ``branch_pack``, the samples of
+    ``rows_per_forward`` trajectories per forward as branches off them (``forecast.pack_by_trajectory``)."""
+    kept, cuts = [], []
+    for s in samples:
+        later = [slot for slot in s.slots if slot[0] > s.turn]
+        if later:
+            kept.append(s)
+            cuts.append((min(slot[1] for slot in later) - 1, max(slot[2] for slot in later)))
+    trimmed = [
+        dataclasses.replace(
+            s, input_ids=s.input_ids[first:end], slots=[(t, a - first, b - first) for t, a, b in s.slots if t > s.turn]
+        )
+        for s, (first, end) in zip(kept, cuts)
+    ]
+    logits: List[torch.Tensor] = [None] * len(kept)
+    if not branch_pack:
+        for i, (s, (first, end)) in enumerate(zip(kept, cuts)):
+            ids = torch.tensor([s.input_ids[:end]], device=device)
+            out = logits_fn(ids, torch.ones_like(ids), torch.arange(end, device=device)[None])
+            logits[i] = out[0, first:end].float().cpu()
+        return trimmed, logits
+    by_row: Dict[int, List[int]] = {}
+    for i, s in enumerate(kept):
+        by_row.setdefault(s.row, []).append(i)
+    groups = list(by_row.values())
+    for c in range(0, len(groups), rows_per_forward):
+        chunk = [i for group in groups[c : c + rows_per_forward] for i in group]
+        packed, places = pack_by_trajectory([kept[i] for i in chunk], [cuts[i][1] for i in chunk])
+        mask = block_mask(packed)
+        mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
+        out = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device))
+        for i, place in zip(chunk, places):
+            first, end = cuts[i]
+            columns = sample_columns(packed, place, kept[i].prefix_len, torch.arange(first, end))
+            logits[i] = out[place[0], columns.to(out.device)].float().cpu()
+        del out
+    return trimmed, logits

@@ -12,7 +12,7 @@ SWITCHES = [
     "ACTION_FORECAST_ENABLE", "ACTION_FORECAST_COEF", "ACTION_FORECAST_K", "ACTION_FORECAST_GATE",
     "ACTION_FORECAST_GROUP_NORM", "ACTION_FORECAST_SKIP_INVALID", "ACTION_FORECAST_SUCCESS_THRESHOLD",
     "ACTION_FORECAST_LAYOUT", "TE_ENABLE", "TE_LAMBDA", "TE_ETA", "TE_WARMUP_STEPS", "INFO_INTRINSIC_WEIGHT",
-    "INFO_GATE_TEMP", "INFO_MAX_TURNS", "INFO_PROBE_TOKENS", "GRPO_FILTER_DEGENERATE",
+    "INFO_GATE_TEMP", "INFO_MAX_TURNS", "INFO_PROBE_TOKENS", "GRPO_FILTER_DEGENERATE", "BRANCH_PACK",
 ]
 
 
@@ -22,6 +22,9 @@ def test_every_switch_and_defaults_off():
     assert config == CoPEConfig() and not config.any_enabled and not config.info_gain_enable
     assert (config.action_forecast_coef, config.action_forecast_k, config.action_forecast_gate) == (0.01, 3, "wins")
     assert (config.te_eta, config.info_gate_temp, config.info_max_turns, config.info_probe_tokens) == (0.5, 0.05, 8, 16)
+    assert config.branch_pack  # not a signal: how the signals are computed (proven equal in test_branches.py)
+    assert not CoPEConfig.from_env({"BRANCH_PACK": "0"}).branch_pack
+    assert not CoPEConfig.from_args(parse(["--cope.branch_pack", "false"], {})).branch_pack
 
 
 def test_from_env_parses_values():

@@ -1,0 +1,208 @@
+"""Cost of the CoPE signals per step against a stock GRPO step, per-turn vs branch-packed, in one run (by hand).
+
+For trajectories of 5, 10, 20 and 40 turns (a batch of ``--batch`` of them, a small random Qwen2 on CPU, sdpa
+attention) it measures wall time, process CPU time (all threads; other load on the machine does not skew it) and
+peak memory (resident set growth over the phase, sampled every 2 ms) of:
+
+  (a) grpo    a stock GRPO step: forward + backward of the trajectory batch (token-mean policy-gradient loss)
+  (b) naive   the signals, one forward per turn: information gain of every turn (real + one counterfactual row per
+              turn), the forecast step (loss and backward, one row per forecast sample, K=3, 4 samples per call),
+              the TE members (one forward per forecast sample)
+  (c) packed  the same signals branch-packed (``branch_pack=True``): one row per trajectory for each of the three
+
+and prints the table with the ratios (b)/(a) and (c)/(a). Both paths compute the same values (checked here on
+the information gain and the forecast loss; tests/test_branches.py checks all of it to 1e-5).
+
+    .venv/bin/python benchmarks/signal_cost.py [--turns 5 10 20 40] [--batch 2] [--hidden 256] [--layers 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import random
+import sys
+import threading
+import time
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF importable on CPU)
+from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from cope_rlhf.forecast import build_forecast_samples, forecast_loss  # noqa: E402
+from cope_rlhf.info_gain import info_gain_rewards, position_ids_for  # noqa: E402
+from cope_rlhf.temporal_ensemble import member_logits  # noqa: E402
+from cope_rlhf.turns import unpadded_trajectories  # noqa: E402
+from tests.tiny_hf import agent_response, tiny_tokenizer, to_experience  # noqa: E402
+
+WORDS = ("you see a red ball blue key door table room cabinet drawer open closed nothing happens inventory "
+         "craft stick oak planks bone move forward turn left right go to pick up toggle through").split()
+ACTIONS = ["look around", "pick up key", "open door", "go to red ball 1", "toggle and go through door", "inventory",
+           "move forward", "turn left", "craft 4 stick using 2 oak planks"]
+
+
+def trajectory(tok, turns: int, seed: int) -> Experience:
+    """Observations of ~40 words, actions with a ~15-word thought: ~150 tokens per turn with the tiny tokenizer."""
+    rng = random.Random(seed)
+    sentence = lambda n: " ".join(rng.choice(WORDS) for _ in range(n)) + "."  # noqa: E731
+    observations = [sentence(40) for _ in range(turns + 1)]
+    actions = [f"Thought:\n{sentence(15)}\n\nAction:\n{rng.choice(ACTIONS)}" for _ in range(turns)]
+    return to_experience(agent_response(tok, observations, actions), max_len=1 << 20)
+
+
+def small_model(vocab: int, hidden: int, layers: int) -> Qwen2ForCausalLM:
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+                         num_attention_heads=max(hidden // 64, 1), num_key_value_heads=max(hidden // 128, 1),
+                         max_position_embeddings=1 << 15, tie_word_embeddings=True)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).float()
+
+
+class PeakRSS:
+    """Resident-set growth over a phase; freed heap is handed back to the OS first so phases do not mask each other."""
+
+    def __enter__(self):
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:
+            pass
+        self.base = self.peak = self._rss()
+        self.running = True
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _watch(self):
+        while self.running:
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self._rss())
+        self.mib = (self.peak - self.base) / 2**20
+
+
+def measure(fn):
+    with PeakRSS() as memory:
+        wall, cpu = time.perf_counter(), time.process_time()
+        value = fn()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall, cpu, memory.mib, value
+
+
+def grpo_step(model, batch: Experience):
+    model.zero_grad(set_to_none=True)
+    mask = batch.attention_mask
+    logits = model(input_ids=batch.sequences, attention_mask=mask, position_ids=position_ids_for(mask)).logits
+    log_probs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch.sequences[:, 1:, None]).squeeze(-1)
+    action = batch.action_mask.float()
+    advantages = torch.randn(len(mask), 1)
+    loss = -(log_probs * advantages * action).sum() / action.sum()
+    loss.backward()
+    return float(loss.detach())
+
+
+def forecast_step(run, samples, tok, branch_pack: bool, per_call: int) -> float:
+    """L_AF with backward in micro-batches (gradient accumulation, as a trainer does): ``per_call`` samples per
+    call on the per-sample path, one trajectory per call packed. Each part is weighted by its share of the target
+    tokens, so the sum is L_AF of all samples."""
+    if branch_pack:
+        rows = sorted({s.row for s in samples})
+        parts = [[s for s in samples if s.row == r] for r in rows]
+    else:
+        parts = [samples[i : i + per_call] for i in range(0, len(samples), per_call)]
+    targets = lambda part: sum(sum(s.loss_mask[1:]) for s in part)  # noqa: E731
+    total, value = targets(samples), 0.0
+    for part in parts:
+        loss = forecast_loss(run, part, coef=0.01, pad_token_id=tok.pad_token_id, branch_pack=branch_pack)
+        loss = loss * (targets(part) / total)
+        loss.backward()
+        value += float(loss.detach())
+    return value
+
+
+def signals(model, tok, batch: Experience, turns: int, branch_pack: bool, cpu: dict):
+    """The three signals; returns (info-gain values, forecast loss) for the cross-check, CPU seconds into ``cpu``."""
+    model.zero_grad(set_to_none=True)
+    run = lambda ids, mask, pos: model(input_ids=ids, attention_mask=mask, position_ids=pos).logits  # noqa: E731
+    clock = time.process_time()
+    with torch.no_grad():
+        _, values, _ = info_gain_rewards(run, batch.sequences, batch.attention_mask, batch.action_mask,
+                                         probe_tokens=16, max_turns=turns, rows_per_forward=4, branch_pack=branch_pack)
+    cpu["info"], clock = time.process_time() - clock, time.process_time()
+    samples = [s for row, (tokens, spans) in sorted(unpadded_trajectories([batch]).items())
+               for s in build_forecast_samples(tokens, spans, tok, k=3, row=row)]
+    loss = forecast_step(run, samples, tok, branch_pack, per_call=4)
+    cpu["forecast"], clock = time.process_time() - clock, time.process_time()
+    member_logits(run, samples, branch_pack=branch_pack, rows_per_forward=4)
+    cpu["te"] = time.process_time() - clock
+    return values, loss
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--turns", type=int, nargs="+", default=[5, 10, 20, 40])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    args = parser.parse_args()
+    tok = tiny_tokenizer()
+    model = small_model(len(tok), args.hidden, args.layers)
+    batches = {n: Experience.concat_experiences([trajectory(tok, n, seed=n * 100 + i) for i in range(args.batch)],
+                                                pad_token_id=tok.pad_token_id) for n in args.turns}
+    for b in batches.values():
+        b.index = list(range(args.batch))
+    signals(model, tok, batches[min(args.turns)], min(args.turns), True, {})  # warm-up
+    grpo_step(model, batches[min(args.turns)])
+    rows = []
+    jobs = [(n, name) for n in args.turns for name in ("grpo", "naive", "packed")]
+    results, parts = {}, {}
+    for n, name in tqdm(jobs, desc="signal cost", unit="run"):
+        b = batches[n]
+        if name == "grpo":
+            results[n, name] = measure(lambda: grpo_step(model, b))
+        else:
+            parts[n, name] = {}
+            results[n, name] = measure(lambda: signals(model, tok, b, n, name == "packed", parts[n, name]))
+    print(f"\nmodel: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {len(tok)}, float32, sdpa, "
+          f"torch threads {torch.get_num_threads()}; batch {args.batch} trajectories; P=16, K=3, every turn scored")
+    head = (f"{'turns':>5} {'tokens':>6} | {'(a) grpo s':>10} {'cpu':>6} {'MiB':>6} | {'(b) naive s':>11} {'cpu':>6} "
+            f"{'MiB':>6} | {'(c) packed s':>12} {'cpu':>6} {'MiB':>6} | {'b/a wall':>8} {'cpu':>5} {'mem':>5} | "
+            f"{'c/a wall':>8} {'cpu':>5} {'mem':>5} | {'max |dIG|':>9} {'dL_AF':>8}")
+    print(head)
+    print("-" * len(head))
+    for n in args.turns:
+        a, b, c = (results[n, k] for k in ("grpo", "naive", "packed"))
+        d_info = max(abs(x - y) for rb, rc in zip(b[3][0], c[3][0]) for x, y in zip(rb, rc))
+        d_loss = abs(b[3][1] - c[3][1])
+        tokens = int(batches[n].attention_mask.sum(-1).max())
+        ratio = lambda x, y: x / y if y > 0 else float("nan")  # noqa: E731
+        print(f"{n:>5} {tokens:>6} | {a[0]:>10.2f} {a[1]:>6.1f} {a[2]:>6.0f} | "
+              f"{b[0]:>11.2f} {b[1]:>6.1f} {b[2]:>6.0f} | {c[0]:>12.2f} {c[1]:>6.1f} {c[2]:>6.0f} | "
+              f"{ratio(b[0], a[0]):>8.2f} {ratio(b[1], a[1]):>5.2f} {ratio(b[2], a[2]):>5.2f} | "
+              f"{ratio(c[0], a[0]):>8.2f} {ratio(c[1], a[1]):>5.2f} {ratio(c[2], a[2]):>5.2f} | "
+              f"{d_info:>9.1e} {d_loss:>8.1e}")
+    print("\nCPU seconds per signal, as a fraction of (a)'s CPU time: info gain / forecast step / TE members")
+    for n in args.turns:
+        a = results[n, "grpo"][1]
+        line = "   ".join(f"{v}: " + " / ".join(f"{parts[n, v][k] / a:.2f}" for k in ("info", "forecast", "te"))
+                           for v in ("naive", "packed"))
+        print(f"{n:>5} turns   {line}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Branch packing: info-gain values, forecast losses and gradients, and TE members equal the per-turn reference
+(float32, 1e-5) on a small real HF model, for trajectories of 1, 3 and 20 turns, padded left and right, with a
+turn cut by the context window."""
+
+import random
+
+import pytest
+import torch
+from openrlhf.trainer.ppo_utils.experience import Experience
+
+from cope_rlhf.branches import (
+    Branch, additive_mask, block_attention, contiguous_span, dense_mask, flex_available, flex_mask, pack_rows,
+)
+from cope_rlhf.forecast import build_forecast_samples, forecast_loss, pack_forecast_samples
+from cope_rlhf.info_gain import info_gain_rewards
+from cope_rlhf.temporal_ensemble import collect_members, member_logits
+from cope_rlhf.turns import turn_spans, unpadded_trajectories
+from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, tiny_tokenizer, to_experience
+
+P = 6
+ACTIONS = ["Action:\nlook around", "Thought:\nThe key is on the table.\n\nAction:\npick up key", "Action:\nopen door",
+           "Action:\ngo to red ball 1", "Action:\ntoggle and go through door", "Action:\ninventory",
+           "Thought:\ngo\nAction:\nmove forward", "Action:\nturn left", "Action:\ncraft 4 stick using 2 oak planks"]
+OBSERVATIONS = ["You see a door.", "Nothing happens.", "The door opens.", "You see a red ball, a blue key and a door.",
+                "Got 1 bone.", "Invalid action.", "You are in a room.", "ok"]
+
+
+def episode(tok, turns: int, seed: int, max_len: int = 4096) -> Experience:
+    rng = random.Random(seed)
+    observations = [rng.choice(OBSERVATIONS) for _ in range(turns + 1)]
+    actions = [rng.choice(ACTIONS) for _ in range(turns)]
+    return to_experience(agent_response(tok, observations, actions), max_len=max_len)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return tiny_model(len(tok))
+
+
+@pytest.fixture(scope="module")
+def batch(tok):
+    """1, 3 and 20 turns, and 20 turns cut by the context window in the middle of an action (right-padded)."""
+    long = episode(tok, 20, seed=3)
+    cut_at = turn_spans(long.action_mask, long.sequences.shape[1])[0][15].action_start + 3  # 3 of its tokens kept
+    parts = [episode(tok, 1, 0), episode(tok, 3, 1), episode(tok, 20, 2), episode(tok, 20, 3, max_len=cut_at)]
+    b = Experience.concat_experiences(parts, pad_token_id=tok.pad_token_id)
+    b.index = list(range(4))
+    return b
+
+
+def left_padded(b: Experience) -> Experience:
+    shifts = [int(b.sequences.shape[1] - n) for n in b.attention_mask.sum(-1)]
+    roll = lambda t: torch.stack([torch.roll(x, s) for x, s in zip(t, shifts)])  # noqa: E731
+    out = Experience(sequences=roll(b.sequences), attention_mask=roll(b.attention_mask),
+                     action_mask=roll(b.action_mask))
+    out.index = b.index
+    return out
+
+
+def test_mask_rule_hand_case():
+    packed = pack_rows([[5, 6, 7, 8], [9]], [[Branch([1, 2], 10, 2), Branch([3], 7, 4)], []], pad_token_id=0)
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8, 1, 2, 3], [9, 0, 0, 0, 0, 0, 0]]
+    assert packed.position_ids[0].tolist() == [0, 1, 2, 3, 10, 11, 7] and packed.starts == [[4, 6], []]
+    seen = dense_mask(packed)[0, 0].int().tolist()
+    assert seen == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0],  # branch 1 sees trunk[:2] and itself
+        [1, 1, 0, 0, 1, 1, 0],
+        [1, 1, 1, 1, 0, 0, 1],  # branch 2 sees trunk[:4], not branch 1
+    ]
+    assert dense_mask(packed)[1, 0, 3].tolist() == [False, True, True, True, False, False, False]  # padding: itself
+    add = additive_mask(packed)
+    assert torch.equal(add == 0, dense_mask(packed)) and float(add.min()) == torch.finfo(torch.float32).min
+    with pytest.raises(ValueError, match="trunk has 1 tokens"):
+        pack_rows([[9]], [[Branch([1], 0, 2)]])
+
+
+def test_holes_in_attention_mask_are_refused():
+    assert contiguous_span(torch.tensor([0, 1, 1, 0])) == (1, 3)
+    with pytest.raises(ValueError, match="BRANCH_PACK=0"):
+        contiguous_span(torch.tensor([1, 0, 1]))
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_info_gain_equals_per_turn_reference(model, batch, padding):
+    b = batch if padding == "right" else left_padded(batch)
+    logits_fn = hf_logits_fn(model)
+    args = (logits_fn, b.sequences, b.attention_mask, b.action_mask)
+    naive = info_gain_rewards(*args, probe_tokens=P, max_turns=20, rows_per_forward=3)
+    packed = info_gain_rewards(*args, probe_tokens=P, max_turns=20, rows_per_forward=3, branch_pack=True)
+    turns = turn_spans(b.action_mask, b.sequences.shape[1], b.attention_mask)
+    assert [len(t) for t in turns] == [1, 3, 20, 16]
+    assert turns[3][-1].action_end - turns[3][-1].action_start == 3 < P  # the cut turn
+    assert naive[2]["cope/info_turns_scored"] == packed[2]["cope/info_turns_scored"] == 2 + 19 + 15
+    for row_naive, row_packed in zip(naive[1], packed[1]):
+        assert row_packed == pytest.approx(row_naive, abs=1e-5)
+    assert torch.allclose(naive[0], packed[0], atol=1e-5)
+    assert sum(v > 1e-3 for row in naive[1] for v in row) > 30  # the model does read the observations
+
+
+def test_info_gain_max_turns_and_block_attention_with_eager(tok, batch):
+    """An eager-attention model gets the additive mask from ``block_attention`` and its own implementation back."""
+    eager = tiny_model(len(tok), seed=1)
+    eager.config._attn_implementation = "eager"
+    logits_fn = hf_logits_fn(eager)
+    args = (logits_fn, batch.sequences, batch.attention_mask, batch.action_mask)
+    naive = info_gain_rewards(*args, probe_tokens=P, max_turns=4)
+    with block_attention(eager) as build:
+        packed = info_gain_rewards(*args, probe_tokens=P, max_turns=4, branch_pack=True, block_mask=build)
+    assert eager.config._attn_implementation == "eager"
+    assert naive[2]["cope/info_turns_scored"] == packed[2]["cope/info_turns_scored"] == 2 + 4 + 4
+    for row_naive, row_packed in zip(naive[1], packed[1]):
+        assert row_packed == pytest.approx(row_naive, abs=1e-5)
+
+
+def test_block_attention_switches_flash_models_to_sdpa(model):
+    model.config._attn_implementation = "flash_attention_2"  # what OpenRLHF loads on GPUs; no kernel runs here
+    try:
+        with block_attention(model) as build:
+            assert model.config._attn_implementation == "sdpa"  # flex only on CUDA; this machine has none
+            packed = pack_rows([[1, 2]], [[Branch([3], 2, 1)]])
+            assert build(packed).dtype == torch.bool
+        assert model.config._attn_implementation == "flash_attention_2"
+    finally:
+        model.config._attn_implementation = "sdpa"
+
+
+@pytest.mark.slow  # about a minute on 2 CPU cores: flex attention compiles on its first call
+@pytest.mark.skipif(not flex_available(), reason="this PyTorch has no flex attention")
+def test_flex_block_mask_matches_dense(tok, batch):
+    """The flex-attention BlockMask (the GPU path) gives the dense mask's values. Runs on CPU without gradient
+    (flex attention has no CPU backward); the CUDA kernel itself could not run on this machine (no GPU)."""
+    flex = tiny_model(len(tok))
+    flex.config._attn_implementation = "flex_attention"
+    rows = [1, 2]
+    args = (batch.sequences[rows], batch.attention_mask[rows], batch.action_mask[rows])
+    dense = info_gain_rewards(hf_logits_fn(tiny_model(len(tok))), *args, probe_tokens=P, max_turns=20, branch_pack=True)
+    packed = info_gain_rewards(hf_logits_fn(flex), *args, probe_tokens=P, max_turns=20, branch_pack=True,
+                               block_mask=flex_mask)
+    for row_dense, row_flex in zip(dense[1], packed[1]):
+        assert row_flex == pytest.approx(row_dense, abs=1e-5)
+
+
+def forecast_samples(tok, batch, layout="list", rows=(0, 1, 2, 3)):
+    samples = []
+    for row, (tokens, turns) in sorted(unpadded_trajectories([batch]).items()):
+        if row not in rows:
+            continue
+        for s in build_forecast_samples(tokens, turns, tok, k=3, layout=layout, row=row, weight=0.5 + row):
+            samples.append(s)
+    return samples
+
+
+def trainable_logits_fn(model):
+    return lambda ids, mask, pos: model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+
+@pytest.mark.parametrize("layout,rows", [("list", (0, 1, 2, 3)), ("turns", (1, 3))])
+def test_forecast_loss_and_gradients_equal_per_sample_reference(tok, batch, layout, rows):
+    model = tiny_model(len(tok), seed=2)
+    samples = forecast_samples(tok, batch, layout, rows)
+    assert {s.row for s in samples} == set(rows) and len(samples) > 15
+    results = []
+    for branch_pack in (False, True):
+        model.zero_grad()
+        loss = forecast_loss(trainable_logits_fn(model), samples, coef=0.01, pad_token_id=tok.pad_token_id,
+                             branch_pack=branch_pack)
+        loss.backward()
+        results.append((float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (naive, naive_grads), (packed, packed_grads) = results
+    assert packed == pytest.approx(naive, abs=1e-5) and naive > 0.01
+    for name, grad in naive_grads.items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_forecast_rows_share_the_trajectory(tok, batch):
+    samples = forecast_samples(tok, batch)
+    packed = pack_forecast_samples(samples)
+    lengths = batch.attention_mask.sum(-1)
+    assert packed.rows.input_ids.shape[0] == 4  # one row per trajectory
+    for row in range(4):
+        branch_tokens = sum(len(s.input_ids) - s.prefix_len for s in samples if s.row == row)
+        assert int((packed.rows.segment[row] >= 0).sum()) <= int(lengths[row]) + branch_tokens
+    assert len(packed.labels) == sum(sum(s.loss_mask[1:]) for s in samples)
+    broken = [s for s in samples if s.row == 2][:2]
+    broken[1] = type(broken[1])(**{**broken[1].__dict__, "input_ids": [7] + broken[1].input_ids[1:]})
+    with pytest.raises(ValueError, match="do not share its tokens"):
+        pack_forecast_samples(broken)
+
+
+def test_te_members_equal_per_sample_reference(model, tok, batch):
+    samples = forecast_samples(tok, batch)
+    trajectories = unpadded_trajectories([batch])
+    # the reference: each sample's full forward, as collect_members was written against
+    with torch.no_grad():
+        full = [model(input_ids=torch.tensor([s.input_ids])).logits[0] for s in samples]
+    reference = collect_members(samples, full, trajectories, top_m=16)
+    trimmed, logits = member_logits(hf_logits_fn(model), samples, branch_pack=True, rows_per_forward=3)
+    packed = collect_members(trimmed, logits, trajectories, top_m=16)
+    assert packed[0] == reference[0] and len(reference[0]) > 100
+    assert torch.equal(packed[3], reference[3]) and reference[3].sum(-1).max() == 2  # K=3: turns s-1, s-2
+    assert torch.equal(packed[2], reference[2])
+    torch.testing.assert_close(packed[1], reference[1], atol=1e-5, rtol=0)
+    assert packed[4] == reference[4] and reference[4]["cope/te_slot_coverage"] > 0.9
+    few = [s for s in samples if s.row == 1]  # the per-sample path, on the 3-turn trajectory
+    naive_trimmed, naive_logits = member_logits(hf_logits_fn(model), few, branch_pack=False)
+    assert len(naive_trimmed) == 2 and [s.slots for s in naive_trimmed] == [s.slots for s in trimmed[:2]]
+    for a, b in zip(naive_logits, logits[:2]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
