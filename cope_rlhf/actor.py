@@ -25,25 +25,39 @@ N_target is summed over all data-parallel ranks; every rank runs the same number
 Remote methods for the experience maker (no gradient, pre-update weights): ``cope_info_gain`` (per-token
 intrinsic reward of the masked-feedback counterfactual) and ``cope_te_members`` (top-M forecast members).
 All logits here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does.
+
+``BRANCH_PACK`` (``--cope.branch_pack``, default on) picks how all three are computed, not what: one packed forward
+per trajectory, its turns as branches under a block mask (``cope_rlhf.branches``), with the model switched by
+``block_attention`` to an attention implementation that takes one (flash attention cannot) for the whole call,
+backward included (gradient checkpointing re-runs the forward there). The per-turn path runs instead when
+ring attention is on (``ds.ring_attn_size > 1``: the sequence is split over ranks, a block mask over the whole
+row cannot be) and, for info gain, when a row's attention mask has holes (logged as a warning: the values
+are the same either way, only the cost differs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 from typing import Dict, List, Optional, Sequence
 
 import ray
 import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
+from cope_rlhf.branches import block_attention, contiguous_span, dense_mask
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import ForecastSample, collate_forecast_samples, forecast_nll
+from cope_rlhf.forecast import (ForecastSample, collate_forecast_samples, forecast_nll, pack_forecast_samples,
+                                packed_forecast_nll)
 from cope_rlhf.info_gain import info_gain_rewards, position_ids_for
-from cope_rlhf.temporal_ensemble import collect_members, mixture_target, te_kl, te_lambda
+from cope_rlhf.temporal_ensemble import collect_members, member_logits, mixture_target, te_kl, te_lambda
 from cope_rlhf.turns import Turn
 
 FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
 TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
+
+logger = logging.getLogger(__name__)
 
 
 def _device(module: torch.nn.Module) -> torch.device:
@@ -56,23 +70,42 @@ class CoPEActorMethods:
 
     def _cope_logits(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0) -> torch.Tensor:
         device = _device(self.actor.model)
+        if isinstance(attention_mask, torch.Tensor):  # a flex-attention BlockMask is built on the device already
+            attention_mask = attention_mask.to(device)
         out = self.actor.model(
-            input_ids.to(device), attention_mask=attention_mask.to(device), position_ids=position_ids.to(device),
+            input_ids.to(device), attention_mask=attention_mask, position_ids=position_ids.to(device),
             logits_to_keep=logits_to_keep,
         )
         return out["logits"].float() / getattr(self.actor, "temperature", 1.0)
+
+    def _cope_branch_pack(self, config: CoPEConfig) -> bool:
+        return config.branch_pack and self.strategy.args.ds.ring_attn_size <= 1
+
+    def _cope_attention(self, branch_pack: bool):
+        """``block_attention`` on the actor's model when packing, else its own attention (the builder is unused)."""
+        return block_attention(self.actor.model) if branch_pack else contextlib.nullcontext(dense_mask)
 
     @torch.no_grad()
     def cope_info_gain(self, sequences, attention_mask, action_mask):
         """(per-token intrinsic reward (B, A) on CPU, metrics) for one batch."""
         config = CoPEConfig.from_args(self.strategy.args)
+        pack = self._cope_branch_pack(config)
+        if pack:
+            try:
+                for row in attention_mask:
+                    contiguous_span(row)
+            except ValueError as error:
+                logger.warning("info gain: per-turn path for this batch (same values, one forward per turn): %s", error)
+                pack = False
         was_training = self.actor.training
         self.actor.eval()
         try:
-            rewards, _, metrics = info_gain_rewards(
-                lambda s, a, p: self._cope_logits(s, a, p), sequences, attention_mask, action_mask,
-                probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
-            )
+            with self._cope_attention(pack) as build:
+                rewards, _, metrics = info_gain_rewards(
+                    lambda s, a, p: self._cope_logits(s, a, p), sequences, attention_mask, action_mask,
+                    probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
+                    branch_pack=pack, block_mask=build,
+                )
         finally:
             self.actor.train(was_training)
         return rewards.cpu(), metrics
@@ -80,22 +113,15 @@ class CoPEActorMethods:
     @torch.no_grad()
     def cope_te_members(self, samples: List[ForecastSample], tokens: List[int], turns: List[Turn]):
         """Top-M members of one trajectory's action tokens, from its own forecast samples."""
+        pack = self._cope_branch_pack(CoPEConfig.from_args(self.strategy.args))
         was_training = self.actor.training
         self.actor.eval()
         try:
-            trimmed, logits = [], []
-            for s in samples:
-                later = [slot for slot in s.slots if slot[0] > s.turn]
-                if not later:
-                    continue
-                # Only the logits predicting later slots are read: cut after the last, keep from the first.
-                first, end = min(slot[1] for slot in later) - 1, max(slot[2] for slot in later)
-                ids = torch.tensor([s.input_ids[:end]])
-                mask = torch.ones_like(ids)
-                logits.append(self._cope_logits(ids, mask, position_ids_for(mask), logits_to_keep=end - first)[0].cpu())
-                trimmed.append(dataclasses.replace(
-                    s, input_ids=s.input_ids[first:end], slots=[(t, a - first, b - first) for t, a, b in later]
-                ))
+            with self._cope_attention(pack) as build:
+                trimmed, logits = member_logits(
+                    lambda s, a, p: self._cope_logits(s, a, p), samples, branch_pack=pack,
+                    block_mask=build, device=_device(self.actor.model),
+                )
             trajectory = {s.row: (tokens, turns) for s in samples}
             targets, probs, ids, valid, metrics = collect_members(trimmed, logits, trajectory)
         finally:
@@ -172,7 +198,8 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
 
         DeepSpeed steps the optimizer every ``gas`` micro-steps: the samples are cut into exactly ``gas``
         micro-batches (empty ones run on a zero-weight stand-in sample), the same on every rank, so there is
-        one optimizer step and the PPO accumulation count stays aligned."""
+        one optimizer step and the PPO accumulation count stays aligned. With branch packing the cut is between
+        trajectories, so that a trajectory's samples share one trunk."""
         samples = self.__dict__.pop("cope_forecast_samples", [])
         engine = self.actor.model
         gas = engine.gradient_accumulation_steps() if hasattr(engine, "gradient_accumulation_steps") else 1
@@ -183,7 +210,17 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         most, n_target = int(counts[0]), float(counts[1])
         if most == 0 or n_target == 0:
             return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0}
-        chunk = -(-most // gas)
+        pack = self._cope_branch_pack(self.cope)
+        if pack:
+            by_row: Dict[int, List[ForecastSample]] = {}
+            for s in samples:
+                by_row.setdefault(s.row, []).append(s)
+            rows = list(by_row.values())
+            chunk = -(-len(rows) // gas)
+            parts = [[s for row in rows[c * chunk : (c + 1) * chunk] for s in row] for c in range(gas)]
+        else:
+            chunk = -(-most // gas)
+            parts = [samples[c * chunk : (c + 1) * chunk] for c in range(gas)]
         pad = getattr(self.tokenizer, "pad_token_id", None) or 0
         # The forecast step takes the current learning rate and leaves the PPO schedule where it is.
         schedule = getattr(engine, "lr_scheduler", None)
@@ -192,23 +229,34 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         self.actor.train()
         total = 0.0
         try:
-            for c in range(gas):
-                part = samples[c * chunk : (c + 1) * chunk]
-                real = bool(part)
-                part = part or [ForecastSample([pad, pad], [0, 1], row=-1, turn=0, weight=0.0)]
-                ids, attn, mask, weights = collate_forecast_samples(part, pad)
-                first = int(mask[:, 1:].nonzero()[:, 1].min()) + 1
-                keep = ids.shape[1] - first + 1  # logits from the position before the first target token on
-                logits = self._cope_logits(ids, attn, position_ids_for(attn), logits_to_keep=keep)
-                dev = logits.device
-                nll = forecast_nll(logits, ids[:, -keep:].to(dev), mask[:, -keep:].to(dev), weights.to(dev),
-                                   self.cope.action_forecast_coef)
-                # forecast_nll is a mean over this chunk's targets: rescale it to the mean over all ranks'
-                # targets, and undo DeepSpeed's 1/gas and its average over ranks.
-                share = nll * (float(mask[:, 1:].sum()) / n_target) if real else nll * 0.0
-                self.strategy.backward(share * dp_size * gas, self.actor, self.actor_optim)
-                self.strategy.optimizer_step(self.actor_optim, self.actor, None, name="actor")
-                total += float(share.detach())
+            with self._cope_attention(pack) as build:
+                for part in parts:
+                    real = bool(part)
+                    part = part or [ForecastSample([pad, pad], [0, 1], row=-1, turn=0, weight=0.0)]
+                    if pack:
+                        packed = pack_forecast_samples(part)
+                        skip = int(packed.logit_index[:, 1].min())  # trunk logits before it are never read
+                        ids = packed.rows.input_ids
+                        logits = self._cope_logits(ids, build(packed.rows), packed.rows.position_ids,
+                                                   logits_to_keep=ids.shape[1] - skip)
+                        kept = dataclasses.replace(packed, logit_index=packed.logit_index - torch.tensor([0, skip]))
+                        nll = packed_forecast_nll(logits, kept, self.cope.action_forecast_coef)
+                        targets = len(packed.labels)
+                    else:
+                        ids, attn, loss_mask, weights = collate_forecast_samples(part, pad)
+                        first = int(loss_mask[:, 1:].nonzero()[:, 1].min()) + 1
+                        keep = ids.shape[1] - first + 1  # logits from the position before the first target token on
+                        logits = self._cope_logits(ids, attn, position_ids_for(attn), logits_to_keep=keep)
+                        dev = logits.device
+                        nll = forecast_nll(logits, ids[:, -keep:].to(dev), loss_mask[:, -keep:].to(dev),
+                                           weights.to(dev), self.cope.action_forecast_coef)
+                        targets = int(loss_mask[:, 1:].sum())
+                    # The NLL is a mean over this micro-batch's targets: rescale it to the mean over all ranks'
+                    # targets, and undo DeepSpeed's 1/gas and its average over ranks.
+                    share = nll * (targets / n_target) if real else nll * 0.0
+                    self.strategy.backward(share * dp_size * gas, self.actor, self.actor_optim)
+                    self.strategy.optimizer_step(self.actor_optim, self.actor, None, name="actor")
+                    total += float(share.detach())
         finally:
             if schedule is not None:
                 engine.lr_scheduler = schedule

@@ -217,3 +217,98 @@ def test_forecast_pass_lowers_forecast_nll(batch, model_dir, tok, monkeypatch, o
     assert status["cope/forecast_samples"] == len(samples)  # info metrics reach the status (-> TensorBoard)
     assert after < before
     assert not cope.__dict__.get("cope_forecast_samples")  # used once, then dropped
+
+
+# --- BRANCH_PACK in the actor: same values as the per-turn path, through the same actor methods -----------------
+
+
+def mask_dims(model):
+    """Attention-mask rank of every forward of ``model`` (4 = a block mask: the packed path ran), with row counts."""
+    seen = []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["attention_mask"].dim(), args[0].shape[0])),
+        with_kwargs=True,
+    )
+    return seen
+
+
+def methods_holder(model_dir, args):
+    holder = object.__new__(CoPEActorMethods)
+    holder.actor, holder.strategy = load_actor(model_dir).eval(), StandInStrategy(args)
+    return holder, mask_dims(holder.actor.model)
+
+
+def test_branch_pack_info_gain_and_te_members_equal_per_turn(batch, model_dir, tok, caplog):
+    on, on_dims = methods_holder(model_dir, cli_args())
+    off, off_dims = methods_holder(model_dir, cli_args("--cope.branch_pack", "false"))
+    ring, ring_dims = methods_holder(model_dir, cli_args("--ds.ring_attn_size", "2"))
+    inputs = (batch.sequences, batch.attention_mask, batch.action_mask)
+    (packed, packed_metrics), (naive, naive_metrics) = on.cope_info_gain(*inputs), off.cope_info_gain(*inputs)
+    assert {d for d, _ in on_dims} == {4} and {d for d, _ in off_dims} == {2}
+    assert packed_metrics["cope/info_turns_scored"] == naive_metrics["cope/info_turns_scored"] > 0
+    assert naive.abs().max() > 1e-3
+    torch.testing.assert_close(packed, naive, atol=1e-5, rtol=0)
+    ring.cope_info_gain(*inputs)
+    assert {d for d, _ in ring_dims} == {2}  # ring attention: the per-turn path
+
+    rows, covered = trajectories([batch]), 0
+    for p in batch.index:
+        samples = build_forecast_samples(*rows[p], tok, CoPEConfig.from_args(cli_args()).action_forecast_k, row=p)
+        (got, got_metrics), (want, want_metrics) = (h.cope_te_members(samples, *rows[p]) for h in (on, off))
+        assert got_metrics == want_metrics
+        assert torch.equal(got["positions"], want["positions"]) and torch.equal(got["valid"], want["valid"])
+        assert torch.equal(got["ids"], want["ids"])
+        torch.testing.assert_close(got["probs"], want["probs"], atol=1e-5, rtol=0)
+        covered += len(want["positions"])
+    assert covered > 0 and on_dims[-1][0] == 4 and off_dims[-1][0] == 2
+
+    holey = batch.attention_mask.clone()
+    holey[0, 2] = 0  # a row with a hole cannot be packed: the per-turn path, with a warning
+    on_dims.clear()
+    with caplog.at_level("WARNING", logger="cope_rlhf.actor"):
+        got, _ = on.cope_info_gain(batch.sequences, holey, batch.action_mask)
+    assert "BRANCH_PACK=0" in caplog.text and {d for d, _ in on_dims} == {2}
+    torch.testing.assert_close(got, off.cope_info_gain(batch.sequences, holey, batch.action_mask)[0], atol=0, rtol=0)
+
+
+class AccumulatingStrategy(StandInStrategy):
+    """Stand-in for DeepSpeed's gradient accumulation (which needs CUDA here): backward scales the loss by
+    1/gas, the optimizer steps on every gas-th ``optimizer_step`` call."""
+
+    def __init__(self, args, gas: int):
+        super().__init__(args)
+        self.gas, self.calls = gas, 0
+
+    def backward(self, loss, model, optimizer) -> None:
+        (loss / self.gas).backward()
+
+    def optimizer_step(self, optimizer, model, scheduler, name="model") -> None:
+        self.calls += 1
+        if self.calls % self.gas == 0:
+            super().optimizer_step(optimizer, model, scheduler, name)
+
+
+@pytest.mark.parametrize("gas", [1, 3])
+def test_branch_pack_forecast_step_equals_per_turn(batch, model_dir, tok, monkeypatch, gas):
+    """Same loss and same update; packed micro-batches hold whole trajectories, ``gas`` of them (one padding)."""
+    results = {}
+    for pack in ("true", "false"):
+        args = cli_args("--cope.action_forecast_enable", "--cope.action_forecast_gate", "all",
+                        "--cope.action_forecast_coef", "1.0", "--cope.branch_pack", pack)
+        samples, _ = forecast_samples_from_experiences([copy.deepcopy(batch)], tok, CoPEConfig.from_args(args), N)
+        trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+        trainer.strategy = AccumulatingStrategy(args, gas)
+        trainer.actor.model.gradient_accumulation_steps = lambda: gas  # what DeepSpeed's engine answers
+        dims = mask_dims(trainer.actor.model)
+        before = params(trainer)
+        trainer.cope_forecast_samples = samples
+        status = trainer.cope_forecast_step()
+        results[pack] = status, params(trainer), dims
+        assert status["cope/forecast_samples_trained"] == len(samples) >= 4
+        assert any(not torch.equal(before[k], v) for k, v in results[pack][1].items())
+    (packed, packed_params, packed_dims), (naive, naive_params, naive_dims) = results["true"], results["false"]
+    assert packed["cope/forecast_loss"] == pytest.approx(naive["cope/forecast_loss"], abs=1e-5)
+    for name, value in naive_params.items():
+        torch.testing.assert_close(packed_params[name], value, atol=1e-5, rtol=0, msg=name)
+    assert [rows for _, rows in packed_dims] == ([4] if gas == 1 else [2, 2, 1])  # one row per trajectory
+    assert {d for d, _ in packed_dims} == {4} and {d for d, _ in naive_dims} == {2} and len(naive_dims) == gas
