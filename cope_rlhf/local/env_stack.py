@@ -1,0 +1,99 @@
+"""The environment side of a local run: the gateway, with the env server(s) it supervises.
+
+    python -m env_gateway --host 127.0.0.1 --port <free> --spawn <env>='<.venvs/env>/bin/python -m
+        env_gateway.servers.<env> --host 127.0.0.1 --port {port}':<replicas>
+
+``EnvStack`` starts that as one subprocess in its own process group (the gateway starts, restarts and stops its
+replicas), waits until ``GET /v1/health`` says every env has a healthy replica (bounded), and on exit stops the
+whole group (SIGTERM, then SIGKILL after 10 s). With ``url`` given it only checks that gateway's health.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gateway_health(url: str, timeout: float = 5.0) -> Optional[dict]:
+    """The gateway's health body when every env has a healthy replica, else None."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/health", timeout=timeout) as r:
+            body = json.loads(r.read())
+            return body if body.get("status") == "ok" else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+class EnvStack:
+    def __init__(self, env: str, url: Optional[str] = None, replicas: int = 1, startup_timeout: float = 120.0):
+        self.env, self.url, self.replicas, self.startup_timeout = env, url, replicas, startup_timeout
+        self.proc: Optional[subprocess.Popen] = None
+        self.log = None
+
+    def command(self, port: int) -> list:
+        python = os.path.join(ROOT, ".venvs", self.env, "bin", "python")
+        if not os.path.exists(python):
+            raise FileNotFoundError(f"no venv for the {self.env} server at {python}: run "
+                                    f"`bash scripts/setup_env.sh {self.env}`")
+        server = f"{shlex.quote(python)} -m env_gateway.servers.{self.env} --host 127.0.0.1 --port {{port}}"
+        return [sys.executable, "-m", "env_gateway", "--host", "127.0.0.1", "--port", str(port), "--no-uvloop",
+                "--health-interval", "1", "--log-level", "WARNING", "--spawn", f"{self.env}={server}:{self.replicas}"]
+
+    def __enter__(self) -> "EnvStack":
+        if self.url:
+            if gateway_health(self.url) is None:
+                raise ConnectionError(f"the gateway at {self.url} is not healthy (GET /v1/health): start it, or "
+                                      "drop --local.gateway_url to let the trainer start one")
+            return self
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="cope-gateway-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(self.command(port), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.__exit__()
+                raise RuntimeError(f"the gateway exited with {self.proc.returncode}; log: {self.log.name}\n"
+                                   f"{self.tail()}")
+            if gateway_health(self.url, timeout=2) is not None:
+                return self
+            time.sleep(0.3)
+        self.__exit__()
+        raise TimeoutError(f"the {self.env} server did not become healthy within {self.startup_timeout:.0f} s; "
+                           f"log: {self.log.name}\n{self.tail()}")
+
+    def tail(self) -> str:
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-3000:]
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=wait)
+                return
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                continue

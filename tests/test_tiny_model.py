@@ -1,0 +1,95 @@
+"""scripts/make_tiny_model.py (deterministic small chat model) and the SFT warm start's token layout and loss."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cope_rlhf.local.sft import demo_tokens, read_demos, train
+from scripts.make_tiny_model import main as make_tiny_model
+
+ACTIONS = ["go to red ball 1", "turn left", "move forward"]
+
+
+def demo(actions) -> dict:
+    messages = [{"role": "user", "content": "You control an agent. Reach the goal."},
+                {"role": "assistant", "content": "Understood."},
+                {"role": "user", "content": "Your goal: go to the red ball\nYou see: a red ball 1."}]
+    for a in actions:
+        messages += [{"role": "assistant", "content": f"Thought:\nI go on.\n\nAction:\n{a}"},
+                     {"role": "user", "content": f"You did {a}."}]
+    return {"env": "babyai", "item_id": "0", "reward": 1.0, "success": True, "turns": len(actions),
+            "messages": messages}
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("demos") / "demos.jsonl"
+    rows = [demo(ACTIONS[i % 3:] or ACTIONS) for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, demos):
+    d = tmp_path_factory.mktemp("tiny")
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        make_tiny_model(["--out", str(d / name), "--corpus", demos, "--seed", str(seed)])
+    return d
+
+
+def test_same_seed_same_bytes_other_seed_other_weights(built):
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (built / "a" / name).read_bytes() == (built / "b" / name).read_bytes(), name
+    assert (built / "a" / "tokenizer.json").read_bytes() == (built / "c" / "tokenizer.json").read_bytes()
+    assert (built / "a" / "model.safetensors").read_bytes() != (built / "c" / "model.safetensors").read_bytes()
+
+
+def test_is_a_chat_model_vllm_can_serve(built):
+    tok = AutoTokenizer.from_pretrained(built / "a")
+    model = AutoModelForCausalLM.from_pretrained(built / "a")
+    cfg = model.config
+    assert cfg.model_type == "qwen2" and cfg.hidden_size // cfg.num_attention_heads == 64  # vLLM CPU needs 64
+    assert tok.eos_token == "<|im_end|>" and cfg.eos_token_id == tok.eos_token_id == model.generation_config.eos_token_id
+    assert tok.pad_token == "<|endoftext|>" and cfg.vocab_size == len(tok)
+    text = tok.apply_chat_template([{"role": "user", "content": "go to red ball 1"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<|im_start|>user\ngo to red ball 1<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and len(ids) < 20  # the BPE learned the environment's words
+    out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, len(ids) + 4) or out[0, -1] == tok.eos_token_id
+
+
+def test_bad_head_dim_and_missing_corpus_are_clear_errors(tmp_path, demos):
+    with pytest.raises(SystemExit, match="head_dim 64"):
+        make_tiny_model(["--out", str(tmp_path / "x"), "--hidden-size", "64", "--heads", "4"])
+    with pytest.raises(SystemExit, match="does not exist"):
+        make_tiny_model(["--out", str(tmp_path / "x"), "--corpus", str(tmp_path / "none.jsonl")])
+
+
+def test_sft_loss_covers_exactly_the_replies(built, demos):
+    tok = AutoTokenizer.from_pretrained(built / "a")
+    messages = read_demos(demos)[0]
+    ids, mask = demo_tokens(tok, messages, 4096)
+    assert len(ids) == len(mask)
+    replies = [m["content"] + "<|im_end|>" for m in messages[3:] if m["role"] == "assistant"]
+    assert tok.decode([t for t, m in zip(ids, mask) if m]) == "".join(replies)
+    # the layout a rollout produces: the whole text, token-for-token re-decodable
+    assert tok.decode(ids) == tok.apply_chat_template(messages, tokenize=False)
+    assert tok.decode([t for t, m in zip(ids, mask) if not m]).count("Understood.") == 1  # acknowledgement: prompt
+
+
+def test_sft_learns_the_demos(built, demos, tmp_path):
+    result = train(str(built / "a"), demos, str(tmp_path / "sft"), epochs=6, lr=3e-3, batch_size=4, max_len=512,
+                   seed=0)
+    assert result["loss"][-1] < 0.5 * result["loss"][0]
+    assert os.path.exists(tmp_path / "sft" / "model.safetensors")
+    with pytest.raises(ValueError, match="no successful demos"):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({**demo(ACTIONS), "success": False}) + "\n")
+        read_demos(str(bad))
