@@ -34,19 +34,7 @@ from cope_rlhf.actor import FORECAST_KEY, TE_KEY
 from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
-from cope_rlhf.turns import Turn, turn_spans
-
-
-def trajectories(experiences) -> Dict[int, Tuple[List[int], List[Turn]]]:
-    """Rollout position -> (unpadded token ids, turns in those coordinates)."""
-    out = {}
-    for e in experiences:
-        spans = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)
-        for b, position in enumerate(e.index):
-            valid = e.attention_mask[b].bool()
-            first = int(valid.nonzero()[0]) if valid.any() else 0
-            out[position] = (e.sequences[b][valid].tolist(), [Turn(*(x - first for x in t)) for t in spans[b]])
-    return out
+from cope_rlhf.turns import unpadded_trajectories
 
 
 class CoPEExperienceMaker(RemoteExperienceMaker):
@@ -103,7 +91,7 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         return [r for r, _ in results], {"cope/info_turns_scored": scored}
 
     def _te_members(self, experiences) -> Dict[str, float]:
-        rows = trajectories(experiences)
+        rows = unpadded_trajectories(experiences)
         positions = sorted(rows)
         samples = [
             build_forecast_samples(rows[p][0], rows[p][1], self.tokenizer, self.cope.action_forecast_k,

@@ -21,7 +21,7 @@ from cope_rlhf.actor import FORECAST_KEY, TE_KEY, CoPEActorMethods, CoPEActorPPO
 from cope_rlhf.advantage import grpo_advantages
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.experience_maker import trajectories
+from cope_rlhf.turns import unpadded_trajectories
 from cope_rlhf.forecast import (build_forecast_samples, collate_forecast_samples, forecast_nll,
                                 forecast_samples_from_experiences)
 from cope_rlhf.info_gain import position_ids_for
@@ -105,7 +105,7 @@ def batch(tok, model_dir):
 def te_members(batch, model_dir, tok, args):
     holder = object.__new__(CoPEActorMethods)
     holder.actor, holder.strategy = load_actor(model_dir).eval(), StandInStrategy(args)
-    rows = trajectories([batch])
+    rows = unpadded_trajectories([batch])
     config = CoPEConfig.from_args(args)
     return [holder.cope_te_members(build_forecast_samples(*rows[p], tok, config.action_forecast_k, row=p), *rows[p])[0]
             for p in batch.index]
@@ -251,7 +251,7 @@ def test_branch_pack_info_gain_and_te_members_equal_per_turn(batch, model_dir, t
     ring.cope_info_gain(*inputs)
     assert {d for d, _ in ring_dims} == {2}  # ring attention: the per-turn path
 
-    rows, covered = trajectories([batch]), 0
+    rows, covered = unpadded_trajectories([batch]), 0
     for p in batch.index:
         samples = build_forecast_samples(*rows[p], tok, CoPEConfig.from_args(cli_args()).action_forecast_k, row=p)
         (got, got_metrics), (want, want_metrics) = (h.cope_te_members(samples, *rows[p]) for h in (on, off))
