@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from tests.env_server_proc import ROOT, call, free_port
+from tests.env_server_proc import ROOT, call, free_port, log_tail, stop_process
 
 MAIN_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 AGENT_ENV_VARS = ("COPE_GATEWAY_URL", "MAX_TURNS", "HORIZON_SCHEDULE", "HORIZON_STAGE_STEPS",  # what agent funcs read
@@ -139,17 +139,10 @@ class GatewayProcess:
         raise TimeoutError(f"gateway did not become healthy within {self.startup_timeout}s:\n{self.output()}")
 
     def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
     def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-5000:]
+        return log_tail(self.log)
 
     def open_sessions(self) -> int:
         return call(self.url, "GET", "/v1/health", timeout=5)[1]["open_sessions"]

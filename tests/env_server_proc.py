@@ -52,6 +52,23 @@ def call(base_url: str, method: str, path: str, body: dict | None = None, timeou
             return e.code, raw.decode(errors="replace")
 
 
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 10 s; a no-op for a process that never started or already ended."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def log_tail(log) -> str:
+    """The last 5000 characters a subprocess wrote to its log file."""
+    log.seek(0)
+    return log.read().decode(errors="replace")[-5000:]
+
+
 class EnvServerProcess:
     """A server subprocess bound to 127.0.0.1 on a free port; use as a context manager."""
 
@@ -88,17 +105,10 @@ class EnvServerProcess:
         self.stop()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
 
     def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-5000:]
+        return log_tail(self.log)
 
     def call(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, Any]:
         return call(self.url, method, path, body, timeout)
