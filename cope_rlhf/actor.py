@@ -14,6 +14,12 @@ covered tokens x vocabulary floats per sample). With lambda 0 the KL is computed
 The loss is added by wrapping ``actor_loss_fn`` for the duration of the call; ``policy_loss`` in the log keeps
 OpenRLHF's meaning (the TE term is logged as ``cope/te_kl``).
 
+With ``GRPO_FILTER_DEGENERATE`` on, filtered samples (action mask all zero) stay in the replay buffer, so that
+every rank runs the same micro-steps; ``training_step`` keeps OpenRLHF's step finite around them: a window with no
+action token gets loss 0 (normaliser 1 instead of 0/0), a micro-batch with none logs its token metrics as 0 with
+weight ``EMPTY_MICRO_BATCH_TOKENS`` (OpenRLHF's ``ppo_train`` would divide by zero). A fully filtered window still
+takes its optimizer step, on a zero gradient, as stock GRPO does on all-zero advantages.
+
 After the PPO update (``ppo_train``), one supervised pass over this rank's forecast samples
 (``info[FORECAST_KEY]``, taken out of the experiences in ``CoPEPolicyModelActor.append``), with its own
 optimizer step:
@@ -45,6 +51,7 @@ from typing import Dict, List, Optional, Sequence
 import ray
 import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+from openrlhf.utils.loss_utils import get_loss_batch_info
 
 from cope_rlhf.branches import block_attention, contiguous_span, dense_mask
 from cope_rlhf.config import CoPEConfig
@@ -56,6 +63,7 @@ from cope_rlhf.turns import Turn
 
 FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
 TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
+EMPTY_MICRO_BATCH_TOKENS = 1e-9  # ppo_train's token weight for a micro-batch the filter emptied (see training_step)
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +146,28 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         return self._cope
 
     def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict] = None):
+        if not self.cope.grpo_filter_degenerate:
+            return self._te_training_step(experience, kl_ctl, step, loss_batch_info)
+        # The filter zeroes whole samples' action masks, and they stay in the replay buffer (every rank must run
+        # the same number of micro-steps for DeepSpeed). OpenRLHF assumes action tokens everywhere: a window
+        # with none divides the loss 0/0 (NaN gradients), a micro-batch with none logs masked means of 0/0, and
+        # a micro-step with none on every rank divides by zero in ppo_train. So: an empty window's normaliser
+        # becomes 1 (its loss is exactly 0: no gradient), an empty micro-batch's token metrics become 0 and weigh
+        # EMPTY_MICRO_BATCH_TOKENS in ppo_train's token-weighted means (nothing next to one real token).
+        if loss_batch_info is None:  # dynamic batching: OpenRLHF would compute it inside, as here
+            loss_batch_info = get_loss_batch_info(self.strategy, experience.action_mask, replay_buffer=self.replay_buffer,
+                                                  step=step, dynamic_batch=self.args.train.dynamic_batch_enable)
+        loss_batch_info = {k: torch.where(v == 0, torch.ones_like(v), v) if isinstance(v, torch.Tensor) else v
+                           for k, v in loss_batch_info.items()}
+        status = self._te_training_step(experience, kl_ctl, step, loss_batch_info)
+        if not experience.action_mask.any():
+            for key, weight in status["weights"].items():
+                if weight == "token":
+                    status["metrics"][key] = torch.zeros(())
+            status["num_action_tokens"] = EMPTY_MICRO_BATCH_TOKENS
+        return status
+
+    def _te_training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict]):
         members = experience.info.pop(TE_KEY, None)
         if members is None or not self.cope.te_enable:
             return super().training_step(experience, kl_ctl, step, loss_batch_info)

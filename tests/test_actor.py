@@ -8,17 +8,18 @@ device ppo_train moves batches to), is pointed at the CPU. Experiences go throug
 """
 
 import copy
+import math
 
 import pytest
 import torch
 from openrlhf.models import PolicyLoss
 from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
-from openrlhf.trainer.ppo_utils.experience import Experience
+from openrlhf.trainer.ppo_utils.experience import Experience, make_experience_batch, split_experience_batch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 from openrlhf.utils.config import hierarchize
 
 from cope_rlhf.actor import FORECAST_KEY, TE_KEY, CoPEActorMethods, CoPEActorPPOTrainer, CoPEPolicyModelActor
-from cope_rlhf.advantage import grpo_advantages
+from cope_rlhf.advantage import filter_degenerate_groups, grpo_advantages
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import unpadded_trajectories
@@ -87,19 +88,24 @@ def make_trainer(cls, args, model_dir, tok, monkeypatch):
     return trainer
 
 
-@pytest.fixture(scope="module")
-def batch(tok, model_dir):
-    """Four multi-turn trajectories (2 prompts x 2) with GRPO advantages and rollout log-probs."""
+def grpo_batch(tok, model_dir, rewards, episode_of=lambda i: i // N):
+    """Multi-turn trajectories (len(rewards) / N prompts x N) with GRPO advantages and rollout log-probs; sample
+    i plays EPISODES[episode_of(i)]."""
     e = Experience.concat_experiences(
-        [to_experience(agent_response(tok, *EPISODES[i // N], reward=r)) for i, r in enumerate(REWARDS)],
+        [to_experience(agent_response(tok, *EPISODES[episode_of(i)], reward=r)) for i, r in enumerate(rewards)],
         tok.pad_token_id,
     )
-    e.index = list(range(len(REWARDS)))
+    e.index = list(range(len(rewards)))
     e.kl = torch.zeros(e.action_mask.shape)
     grpo_advantages([e], N)
     with torch.no_grad():
         e.action_log_probs = load_actor(model_dir)(e.sequences, e.action_mask, e.attention_mask)
     return e
+
+
+@pytest.fixture(scope="module")
+def batch(tok, model_dir):
+    return grpo_batch(tok, model_dir, REWARDS)
 
 
 def te_members(batch, model_dir, tok, args):
@@ -278,6 +284,7 @@ class AccumulatingStrategy(StandInStrategy):
     def __init__(self, args, gas: int):
         super().__init__(args)
         self.gas, self.calls = gas, 0
+        self.accumulated_gradient = gas  # ppo_train's loss-normalisation window
 
     def backward(self, loss, model, optimizer) -> None:
         (loss / self.gas).backward()
@@ -312,3 +319,70 @@ def test_branch_pack_forecast_step_equals_per_turn(batch, model_dir, tok, monkey
         torch.testing.assert_close(packed_params[name], value, atol=1e-5, rtol=0, msg=name)
     assert [rows for _, rows in packed_dims] == ([4] if gas == 1 else [2, 2, 1])  # one row per trajectory
     assert {d for d, _ in packed_dims} == {4} and {d for d, _ in naive_dims} == {2} and len(naive_dims) == gas
+
+
+# --- GRPO_FILTER_DEGENERATE: filtered samples stay in the buffer (same micro-steps on every rank) ---------------
+
+
+def mixed_batch(tok, model_dir, rewards):
+    """Each group plays both episodes (identical trajectories with opposite advantages would cancel out)."""
+    return grpo_batch(tok, model_dir, rewards, episode_of=lambda i: i % len(EPISODES))
+
+
+def filtered(tok, model_dir, rewards):
+    experience = mixed_batch(tok, model_dir, rewards)
+    filter_degenerate_groups([experience], N)
+    return experience
+
+
+def finite(status):
+    return all(math.isfinite(v) for v in status.values() if isinstance(v, float))
+
+
+def test_filter_everything_degenerate_trains_nothing(tok, model_dir, monkeypatch, on_cpu):
+    """Every group degenerate (common early on, when nothing succeeds): OpenRLHF's own step divides by zero."""
+    experience = filtered(tok, model_dir, [1.0, 1.0, 0.0, 0.0])
+    assert not experience.action_mask.any()
+    args = cli_args("--cope.grpo_filter_degenerate", "--train.micro_batch_size", "2")
+    stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    with pytest.raises(ZeroDivisionError):
+        train_once(stock, experience)
+    cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    before = params(cope)
+    status = train_once(cope, experience)
+    assert finite(status) and status["policy_loss"] == 0.0 and status["ppo_kl"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in params(cope).items())  # zero gradient, plain SGD
+
+
+def test_filter_empty_micro_batches_equal_training_on_kept_samples(tok, model_dir, monkeypatch, on_cpu):
+    """One sample per micro-batch, one window of 4: the two filtered micro-batches change neither the update
+    nor the token metrics, against stock OpenRLHF trained on the two kept samples alone."""
+    experience = filtered(tok, model_dir, [1.0, 1.0, 0.0, 1.0])
+    assert experience.action_mask[:2].sum() == 0 and experience.action_mask[2:].sum(dim=1).min() > 0
+    kept = make_experience_batch(split_experience_batch(mixed_batch(tok, model_dir, [1.0, 1.0, 0.0, 1.0]))[2:])
+    results = {}
+    for name, cls, data, gas in (("cope", CoPEActorPPOTrainer, experience, 4), ("stock", ActorPPOTrainer, kept, 2)):
+        args = cli_args("--cope.grpo_filter_degenerate", "--train.micro_batch_size", "1")
+        trainer = make_trainer(cls, args, model_dir, tok, monkeypatch)
+        trainer.strategy = AccumulatingStrategy(args, gas)
+        before = params(trainer)
+        results[name] = train_once(trainer, data), params(trainer)
+        assert any(not torch.equal(before[k], v) for k, v in results[name][1].items())
+    (cope_status, cope_params), (stock_status, stock_params) = results["cope"], results["stock"]
+    assert finite(cope_status)
+    for key in ("ppo_kl", "ppo_clip_ratio"):
+        assert cope_status[key] == pytest.approx(stock_status[key], rel=1e-5, abs=1e-7), key
+    # OpenRLHF logs a micro-batch's policy loss as its share of the window's token mean, times gas
+    assert cope_status["policy_loss"] / 4 == pytest.approx(stock_status["policy_loss"] / 2, rel=1e-5)
+    for name, value in stock_params.items():
+        torch.testing.assert_close(cope_params[name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_filter_empty_window_without_precomputed_normaliser(tok, model_dir, monkeypatch, on_cpu):
+    """training_step called without loss_batch_info (OpenRLHF's dynamic-batch path) on an emptied micro-batch."""
+    experience = filtered(tok, model_dir, [1.0, 1.0, 0.0, 0.0])
+    args = cli_args("--cope.grpo_filter_degenerate")
+    cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    status = cope.training_step(copy.deepcopy(experience), 0.0, 0, None)
+    assert status["num_action_tokens"] > 0 and float(status["metrics"]["policy_loss"]) == 0.0
+    assert all(p.grad is None or not p.grad.isnan().any() for p in cope.actor.parameters())

@@ -202,8 +202,10 @@ class LocalLoop:
             self.trainer.replay_buffer.append(e)
         buffer = self.trainer.replay_buffer
         if getattr(getattr(self.trainer, "cope", None), "grpo_filter_degenerate", False):
-            # Filtered samples (action mask all zero) add nothing to the token-mean loss, and a micro-batch made
-            # only of them makes ppo_train divide by zero action tokens: leave them out of the buffer.
+            # Filtered samples (action mask all zero) carry no loss: leaving them out saves their forward and
+            # backward. (The Ray path keeps them, for equal micro-steps on every rank, and relies on
+            # CoPEActorPPOTrainer.training_step to keep those steps finite; when everything is filtered it takes a
+            # zero-gradient optimizer step where this path takes none.)
             buffer.items = [item for item in buffer.items if item.action_mask.any()]
         self.policy.actor.train()
         micro_batches = len(buffer.items) // self.args.train.micro_batch_size  # ppo_train drops a last partial one
