@@ -19,6 +19,7 @@ the information gain and the forecast loss; tests/test_branches.py checks all of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import os
@@ -35,6 +36,7 @@ import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF importable on CPU)
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from cope_rlhf.branches import block_attention, dense_mask  # noqa: E402
 from cope_rlhf.forecast import build_forecast_samples, forecast_loss  # noqa: E402
 from cope_rlhf.info_gain import info_gain_rewards, position_ids_for  # noqa: E402
 from cope_rlhf.temporal_ensemble import member_logits  # noqa: E402
@@ -116,7 +118,7 @@ def grpo_step(model, batch: Experience):
     return float(loss.detach())
 
 
-def forecast_step(run, samples, tok, branch_pack: bool, per_call: int) -> float:
+def forecast_step(run, samples, tok, branch_pack: bool, per_call: int, block_mask) -> float:
     """L_AF with backward in micro-batches (gradient accumulation, as a trainer does): ``per_call`` samples per
     call on the per-sample path, one trajectory per call packed. Each part is weighted by its share of the target
     tokens, so the sum is L_AF of all samples."""
@@ -128,7 +130,8 @@ def forecast_step(run, samples, tok, branch_pack: bool, per_call: int) -> float:
     targets = lambda part: sum(sum(s.loss_mask[1:]) for s in part)  # noqa: E731
     total, value = targets(samples), 0.0
     for part in parts:
-        loss = forecast_loss(run, part, coef=0.01, pad_token_id=tok.pad_token_id, branch_pack=branch_pack)
+        loss = forecast_loss(run, part, coef=0.01, pad_token_id=tok.pad_token_id, branch_pack=branch_pack,
+                             block_mask=block_mask)
         loss = loss * (targets(part) / total)
         loss.backward()
         value += float(loss.detach())
@@ -139,17 +142,20 @@ def signals(model, tok, batch: Experience, turns: int, branch_pack: bool, cpu: d
     """The three signals; returns (info-gain values, forecast loss) for the cross-check, CPU seconds into ``cpu``."""
     model.zero_grad(set_to_none=True)
     run = lambda ids, mask, pos: model(input_ids=ids, attention_mask=mask, position_ids=pos).logits  # noqa: E731
-    clock = time.process_time()
-    with torch.no_grad():
-        _, values, _ = info_gain_rewards(run, batch.sequences, batch.attention_mask, batch.action_mask,
-                                         probe_tokens=16, max_turns=turns, rows_per_forward=4, branch_pack=branch_pack)
-    cpu["info"], clock = time.process_time() - clock, time.process_time()
-    samples = [s for row, (tokens, spans) in sorted(unpadded_trajectories([batch]).items())
-               for s in build_forecast_samples(tokens, spans, tok, k=3, row=row)]
-    loss = forecast_step(run, samples, tok, branch_pack, per_call=4)
-    cpu["forecast"], clock = time.process_time() - clock, time.process_time()
-    member_logits(run, samples, branch_pack=branch_pack, rows_per_forward=4)
-    cpu["te"] = time.process_time() - clock
+    # as the actor runs them: packed under block_attention (its mask builder), per-turn with the model's own sdpa
+    with block_attention(model) if branch_pack else contextlib.nullcontext(dense_mask) as build:
+        clock = time.process_time()
+        with torch.no_grad():
+            _, values, _ = info_gain_rewards(run, batch.sequences, batch.attention_mask, batch.action_mask,
+                                             probe_tokens=16, max_turns=turns, rows_per_forward=4,
+                                             branch_pack=branch_pack, block_mask=build)
+        cpu["info"], clock = time.process_time() - clock, time.process_time()
+        samples = [s for row, (tokens, spans) in sorted(unpadded_trajectories([batch]).items())
+                   for s in build_forecast_samples(tokens, spans, tok, k=3, row=row)]
+        loss = forecast_step(run, samples, tok, branch_pack, per_call=4, block_mask=build)
+        cpu["forecast"], clock = time.process_time() - clock, time.process_time()
+        member_logits(run, samples, branch_pack=branch_pack, rows_per_forward=4, block_mask=build)
+        cpu["te"] = time.process_time() - clock
     return values, loss
 
 

@@ -15,10 +15,15 @@ and trunk tokens get the trajectory's own logits: one forward of the row costs a
 the branch lengths, instead of one forward of a whole prefix per branch.
 
 The rule reaches the model as a 4D mask, built by ``dense_mask`` (boolean, ``(rows, 1, L, L)``, what HF's sdpa
-attention takes), ``additive_mask`` (0 / dtype-min, for eager attention) or ``flex_mask`` (a flex-attention
-``BlockMask``, block-sparse, for GPUs). ``block_attention(model)`` switches a HF model to an attention
-implementation that takes such a mask for the duration of a call (flex attention on CUDA when PyTorch has it,
-sdpa otherwise) and yields the matching mask builder; flash-attention kernels cannot take one.
+attention takes), ``additive_mask`` (0 / dtype-min, for eager attention), ``flex_mask`` (a flex-attention
+``BlockMask``, block-sparse, for GPUs) or ``layout_mask`` (the layout itself, ``(rows, 1, 2, L)``: segment and
+trunk_end, read by ``branch_attention``). A dense mask makes every query pay for all L keys; ``branch_attention``
+(registered with HF as ``cope_branch_sdpa``) pays only for what is seen: the trunk as one causal sdpa call, each
+branch as one sdpa call over ``trunk[:trunk_end] + itself``, i.e. about n^2/2 + sum_i m_i (trunk_end_i + m_i)
+instead of (n + sum_i m_i)^2. ``block_attention(model)`` switches a HF model to an attention implementation that
+takes a block mask for the duration of a call (flex attention on CUDA when PyTorch has it; eager models keep eager
+with the additive mask; ``cope_branch_sdpa`` otherwise) and yields the matching mask builder; flash-attention
+kernels cannot take one.
 """
 
 from __future__ import annotations
@@ -123,6 +128,63 @@ def flex_mask(packed: PackedRows, device=None):
 
 BlockMaskFn = Callable[[PackedRows], object]
 
+BRANCH_ATTENTION = "cope_branch_sdpa"
+
+
+def layout_mask(packed: PackedRows) -> torch.Tensor:
+    """``(R, 1, 2, L)`` long: segment and trunk_end. Kept on the CPU: ``branch_attention`` reads it as lists."""
+    return torch.stack([packed.segment, packed.trunk_end], dim=1).unsqueeze(1)
+
+
+def _runs(segment: torch.Tensor, trunk_end: torch.Tensor) -> List[Tuple[int, int, int, int]]:
+    """(segment, start, end, trunk_end) of each run of equal segment ids in one row, padding left out."""
+    cuts = ((segment[1:] != segment[:-1]).nonzero().flatten() + 1).tolist()
+    bounds = [0, *cuts, len(segment)]
+    ids, ends = segment.tolist(), trunk_end.tolist()
+    return [(ids[a], a, b, ends[a]) for a, b in zip(bounds, bounds[1:]) if ids[a] != PAD_SEGMENT]
+
+
+def branch_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """HF attention function for ``layout_mask`` rows (see the module docstring); query ``(R, H, L, D)``, key and
+    value ``(R, Hkv, L, D)``; returns ``(R, L, H, D)`` as HF's sdpa does. Padding columns get zeros."""
+    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[2] != 2:
+        raise ValueError(f"attention implementation {BRANCH_ATTENTION!r} takes layout_mask(packed) as its attention "
+                         "mask; run the model inside block_attention(model) and give it the builder's mask")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rows = []
+    for r in range(query.shape[0]):
+        q, k, v = query[r : r + 1], key[r : r + 1], value[r : r + 1]
+        pieces, covered = [], 0
+        for segment, a, b, end in _runs(attention_mask[r, 0, 0], attention_mask[r, 0, 1]):
+            if segment == 0:  # the trunk: plain causal attention, the kernel skips the upper triangle
+                pieces.append(sdpa(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True, dropout_p=dropout,
+                                   scale=scaling))
+            else:
+                m = b - a
+                seen = torch.ones(m, end + m, dtype=torch.bool, device=q.device)
+                seen[:, end:] = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()
+                pieces.append(sdpa(q[:, :, a:b], torch.cat([k[:, :, :end], k[:, :, a:b]], 2),
+                                   torch.cat([v[:, :, :end], v[:, :, a:b]], 2), attn_mask=seen, dropout_p=dropout,
+                                   scale=scaling))
+            covered = b
+        if covered < query.shape[2]:
+            pieces.append(q.new_zeros(1, q.shape[1], query.shape[2] - covered, q.shape[3]))
+        rows.append(torch.cat(pieces, dim=2))
+    return torch.cat(rows).transpose(1, 2).contiguous(), None
+
+
+def _register_branch_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(BRANCH_ATTENTION, branch_attention)
+    # HF builds masks per implementation; a layout mask is 4D and passes through untouched, but a model
+    # also needs a builder for plain 2D masks (it asks for one even when it is handed a 4D mask).
+    ALL_MASK_ATTENTION_FUNCTIONS.register(BRANCH_ATTENTION, sdpa_mask)
+
 
 def _config(model):
     for candidate in (model, getattr(model, "module", None), getattr(getattr(model, "module", None), "model", None),
@@ -147,7 +209,8 @@ def block_attention(model, prefer_flex: bool = True) -> Iterator[BlockMaskFn]:
     elif before == "eager":
         build = lambda p: additive_mask(p, dtype, device)  # noqa: E731
     else:
-        config._attn_implementation, build = "sdpa", lambda p: dense_mask(p, device)
+        _register_branch_attention()
+        config._attn_implementation, build = BRANCH_ATTENTION, layout_mask
     try:
         yield build
     finally:

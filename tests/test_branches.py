@@ -2,6 +2,7 @@
 (float32, 1e-5) on a small real HF model, for trajectories of 1, 3 and 20 turns, padded left and right, with a
 turn cut by the context window."""
 
+import contextlib
 import random
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
 from cope_rlhf.branches import (
-    Branch, additive_mask, block_attention, contiguous_span, dense_mask, flex_available, flex_mask, pack_rows,
+    BRANCH_ATTENTION, Branch, additive_mask, block_attention, branch_attention, contiguous_span, dense_mask,
+    flex_available, flex_mask, layout_mask, pack_rows,
 )
 from cope_rlhf.forecast import build_forecast_samples, forecast_loss, pack_forecast_samples
 from cope_rlhf.info_gain import info_gain_rewards
@@ -53,6 +55,17 @@ def batch(tok):
     return b
 
 
+@pytest.fixture(params=["dense_mask", "branch_attention"])
+def attention(request):
+    """How packed rows reach the model: a dense boolean mask under the model's sdpa, or what ``block_attention``
+    picks on a CPU (``branch_attention`` over ``layout_mask``, the actor's path)."""
+    return request.param
+
+
+def packed_attention(model, attention):
+    return block_attention(model) if attention == "branch_attention" else contextlib.nullcontext(dense_mask)
+
+
 def left_padded(b: Experience) -> Experience:
     shifts = [int(b.sequences.shape[1] - n) for n in b.attention_mask.sum(-1)]
     roll = lambda t: torch.stack([torch.roll(x, s) for x, s in zip(t, shifts)])  # noqa: E731
@@ -90,12 +103,14 @@ def test_holes_in_attention_mask_are_refused():
 
 
 @pytest.mark.parametrize("padding", ["right", "left"])
-def test_info_gain_equals_per_turn_reference(model, batch, padding):
+def test_info_gain_equals_per_turn_reference(model, batch, padding, attention):
     b = batch if padding == "right" else left_padded(batch)
     logits_fn = hf_logits_fn(model)
     args = (logits_fn, b.sequences, b.attention_mask, b.action_mask)
     naive = info_gain_rewards(*args, probe_tokens=P, max_turns=20, rows_per_forward=3)
-    packed = info_gain_rewards(*args, probe_tokens=P, max_turns=20, rows_per_forward=3, branch_pack=True)
+    with packed_attention(model, attention) as build:
+        packed = info_gain_rewards(*args, probe_tokens=P, max_turns=20, rows_per_forward=3, branch_pack=True,
+                                   block_mask=build)
     turns = turn_spans(b.action_mask, b.sequences.shape[1], b.attention_mask)
     assert [len(t) for t in turns] == [1, 3, 20, 16]
     assert turns[3][-1].action_end - turns[3][-1].action_start == 3 < P  # the cut turn
@@ -121,16 +136,44 @@ def test_info_gain_max_turns_and_block_attention_with_eager(tok, batch):
         assert row_packed == pytest.approx(row_naive, abs=1e-5)
 
 
-def test_block_attention_switches_flash_models_to_sdpa(model):
+def test_block_attention_switches_flash_models_to_branch_attention(model):
     model.config._attn_implementation = "flash_attention_2"  # what OpenRLHF loads on GPUs; no kernel runs here
     try:
         with block_attention(model) as build:
-            assert model.config._attn_implementation == "sdpa"  # flex only on CUDA; this machine has none
+            assert model.config._attn_implementation == BRANCH_ATTENTION  # flex only on CUDA; this machine has none
             packed = pack_rows([[1, 2]], [[Branch([3], 2, 1)]])
-            assert build(packed).dtype == torch.bool
+            assert torch.equal(build(packed), layout_mask(packed))
         assert model.config._attn_implementation == "flash_attention_2"
     finally:
         model.config._attn_implementation = "sdpa"
+
+
+def test_branch_attention_equals_dense_mask_with_gradients(tok):
+    """Logits and every parameter's gradient, against the dense mask under sdpa: right padding, a branch off the
+    empty prefix, a branch off the whole trunk, grouped-query heads (4 query heads on 2 key/value heads)."""
+    model = tiny_model(len(tok), seed=3)
+    assert model.config.num_attention_heads > model.config.num_key_value_heads
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(5, 300) for _ in range(n)]  # noqa: E731
+    packed = pack_rows([tokens(60), tokens(45)],
+                       [[Branch(tokens(7), 20, 18), Branch(tokens(5), 40, 33), Branch(tokens(1), 0, 0)],
+                        [Branch(tokens(9), 45, 45)]], pad_token_id=tok.pad_token_id)
+    valid = packed.segment >= 0
+    results = []
+    for context in (contextlib.nullcontext(dense_mask), block_attention(model)):
+        model.zero_grad()
+        with context as build:
+            logits = model(input_ids=packed.input_ids, attention_mask=build(packed),
+                           position_ids=packed.position_ids).logits
+            (logits.pow(2).mean(-1) * valid).sum().backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (dense, dense_grads), (runs, runs_grads) = results
+    torch.testing.assert_close(runs[valid], dense[valid], atol=1e-5, rtol=0)
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(runs_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="layout_mask"):
+        q = torch.zeros(1, 2, 3, 4)
+        branch_attention(None, q, q, q, dense_mask(pack_rows([[1, 2, 3]], [[]])))
 
 
 @pytest.mark.slow  # about a minute on 2 CPU cores: flex attention compiles on its first call
@@ -164,16 +207,17 @@ def trainable_logits_fn(model):
 
 
 @pytest.mark.parametrize("layout,rows", [("list", (0, 1, 2, 3)), ("turns", (1, 3))])
-def test_forecast_loss_and_gradients_equal_per_sample_reference(tok, batch, layout, rows):
+def test_forecast_loss_and_gradients_equal_per_sample_reference(tok, batch, layout, rows, attention):
     model = tiny_model(len(tok), seed=2)
     samples = forecast_samples(tok, batch, layout, rows)
     assert {s.row for s in samples} == set(rows) and len(samples) > 15
     results = []
     for branch_pack in (False, True):
         model.zero_grad()
-        loss = forecast_loss(trainable_logits_fn(model), samples, coef=0.01, pad_token_id=tok.pad_token_id,
-                             branch_pack=branch_pack)
-        loss.backward()
+        with packed_attention(model, attention) if branch_pack else contextlib.nullcontext(dense_mask) as build:
+            loss = forecast_loss(trainable_logits_fn(model), samples, coef=0.01, pad_token_id=tok.pad_token_id,
+                                 branch_pack=branch_pack, block_mask=build)
+            loss.backward()
         results.append((float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (naive, naive_grads), (packed, packed_grads) = results
     assert packed == pytest.approx(naive, abs=1e-5) and naive > 0.01
@@ -197,14 +241,16 @@ def test_packed_forecast_rows_share_the_trajectory(tok, batch):
         pack_forecast_samples(broken)
 
 
-def test_te_members_equal_per_sample_reference(model, tok, batch):
+def test_te_members_equal_per_sample_reference(model, tok, batch, attention):
     samples = forecast_samples(tok, batch)
     trajectories = unpadded_trajectories([batch])
     # the reference: each sample's full forward, as collect_members was written against
     with torch.no_grad():
         full = [model(input_ids=torch.tensor([s.input_ids])).logits[0] for s in samples]
     reference = collect_members(samples, full, trajectories, top_m=16)
-    trimmed, logits = member_logits(hf_logits_fn(model), samples, branch_pack=True, rows_per_forward=3)
+    with packed_attention(model, attention) as build:
+        trimmed, logits = member_logits(hf_logits_fn(model), samples, branch_pack=True, rows_per_forward=3,
+                                        block_mask=build)
     packed = collect_members(trimmed, logits, trajectories, top_m=16)
     assert packed[0] == reference[0] and len(reference[0]) > 100
     assert torch.equal(packed[3], reference[3]) and reference[3].sum(-1).max() == 2  # K=3: turns s-1, s-2
