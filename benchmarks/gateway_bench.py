@@ -9,7 +9,9 @@ episodes (create, reset, S steps, close), it measures episodes/s and p50/p99 ste
   (c) requests  a thread pool of blocking `requests.post` calls, a new connection each (AgentGym-RL's rollout)
   (d) fresh     a fresh aiohttp.ClientSession per request (OpenRLHF's reward-function example)
 
-Every observation is checked against the episode's item (no cross-talk), and the backend's own counts of
+Every cell first runs one untimed episode per concurrent worker (each method opens its connections and warms its
+code paths), then times max(waves x concurrency, min-episodes) episodes. Every observation is checked against the
+episode's item (no cross-talk), and the backend's own counts of
 create/reset/step/close calls must equal what the clients sent (no request lost or duplicated). Prints the
 table (with the CPU time each process spent per request, which other load on the machine does not skew),
 the ratios a/c and a/b, and the gateway-added latency: the gateway's own p50 (its
@@ -31,6 +33,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import aiohttp
 import requests
@@ -148,12 +151,12 @@ def episode_requests(backend: str, ep: Episodes, steps: int) -> None:
 
 
 # ---- running a cell --------------------------------------------------------------------------------------
-async def run_async(method: str, conc: int, episodes: int, steps: int, backend: str, gateway: str) -> Episodes:
-    ep = Episodes(episodes)
+async def run_async(method: str, conc: int, episodes: int, steps: int, backend: str, gateway: str,
+                    start: Callable[[], None]) -> Episodes:
     client = GatewayClient(gateway, timeout=TIMEOUT, limit=max(conc, 100))
     direct = GatewayClient(backend, timeout=TIMEOUT, limit=max(conc, 100))  # only its transport is used
 
-    async def worker() -> None:
+    async def worker(ep: Episodes) -> None:
         while ep.take():
             if method == "gateway":
                 await episode_gateway(client, ep, steps)
@@ -164,24 +167,29 @@ async def run_async(method: str, conc: int, episodes: int, steps: int, backend: 
             ep.done += 1
 
     try:
-        await asyncio.gather(*(worker() for _ in range(conc)))
+        await asyncio.gather(*(worker(Episodes(1)) for _ in range(conc)))  # warm-up: every connection opened
+        start()
+        ep = Episodes(episodes)
+        await asyncio.gather(*(worker(ep) for _ in range(conc)))
     finally:
         await client.aclose()
         await direct.aclose()
     return ep
 
 
-def run_threads(conc: int, episodes: int, steps: int, backend: str) -> Episodes:
-    ep = Episodes(episodes)
-
-    def worker() -> None:
+def run_threads(conc: int, episodes: int, steps: int, backend: str, start: Callable[[], None]) -> Episodes:
+    def worker(ep: Episodes) -> None:
         while ep.take():
             episode_requests(backend, ep, steps)
             with ep.lock:
                 ep.done += 1
 
     with ThreadPoolExecutor(max_workers=conc) as pool:
-        for f in [pool.submit(worker) for _ in range(conc)]:
+        for f in [pool.submit(worker, Episodes(1)) for _ in range(conc)]:
+            f.result()
+        start()
+        ep = Episodes(episodes)
+        for f in [pool.submit(worker, ep) for _ in range(conc)]:
             f.result()
     return ep
 
@@ -270,18 +278,23 @@ def main() -> None:
                 for conc in args.concurrency:
                     for method in args.methods:
                         bar.set_postfix_str(f"delay={delay * 1000:g}ms conc={conc} {method}")
-                        before = backend.stats()
-                        hist0 = overhead_buckets(gw.url) if method == "gateway" else None
-                        cpu0 = [cpu_seconds(), cpu_seconds(gw.proc.pid), cpu_seconds(backend.proc.pid)]
-                        t0 = time.perf_counter()
+                        mark = {}
+
+                        def start() -> None:  # after the warm-up: the timed part starts here
+                            mark["before"] = backend.stats()
+                            mark["hist0"] = overhead_buckets(gw.url) if method == "gateway" else None
+                            mark["cpu0"] = [cpu_seconds(), cpu_seconds(gw.proc.pid), cpu_seconds(backend.proc.pid)]
+                            mark["t0"] = time.perf_counter()
+
                         n = max(int(args.waves * conc), args.min_episodes)
                         if method == "requests":
-                            ep = run_threads(conc, n, args.steps, backend.url)
+                            ep = run_threads(conc, n, args.steps, backend.url, start)
                         else:
-                            ep = asyncio.run(run_async(method, conc, n, args.steps, backend.url, gw.url))
-                        elapsed = time.perf_counter() - t0
-                        cpu = [b - a for a, b in zip(cpu0, [cpu_seconds(), cpu_seconds(gw.proc.pid),
-                                                            cpu_seconds(backend.proc.pid)])]
+                            ep = asyncio.run(run_async(method, conc, n, args.steps, backend.url, gw.url, start))
+                        elapsed = time.perf_counter() - mark["t0"]
+                        cpu = [b - a for a, b in zip(mark["cpu0"], [cpu_seconds(), cpu_seconds(gw.proc.pid),
+                                                                    cpu_seconds(backend.proc.pid)])]
+                        before, hist0 = mark["before"], mark["hist0"]
                         after = backend.stats()
                         sent = {k: after[k] - before[k] for k in ("create", "reset", "step", "close")}
                         want = {"create": ep.done, "reset": ep.done, "step": ep.done * args.steps, "close": ep.done}

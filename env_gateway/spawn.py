@@ -5,6 +5,9 @@ run without a shell, in the gateway's working directory, inheriting its stdout/s
 across restarts, so its URL in the pool never changes. A replica that exits is restarted after a
 back-off (1 s, doubling up to 30 s, reset once it has run 60 s); while it is down, the gateway's health
 checks keep it out of rotation and the sessions it held fail with a 502 on their next step.
+On Linux a replica also dies with the gateway, even when the gateway is killed with SIGKILL and cannot stop it:
+it starts through a one-line launcher that asks the kernel for SIGTERM on its parent's death
+(``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``) and then ``exec``s CMD under the same pid.
 """
 
 from __future__ import annotations
@@ -15,11 +18,17 @@ import os
 import shlex
 import signal
 import socket
+import sys
 import time
 
 from env_gateway.server import Replica
 
 log = logging.getLogger("env_gateway.spawn")
+
+
+# argv[1]: the gateway's pid (if it died before prctl took effect, nobody would signal us: leave); argv[2:]: CMD
+_DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+                    "os.getppid() == int(sys.argv[1]) or sys.exit(0); os.execvp(sys.argv[2], sys.argv[2:])")
 
 
 def free_port() -> int:
@@ -54,7 +63,8 @@ class Supervisor:
 
     async def _launch(self, env: str, argv: list[str], replica: Replica) -> None:
         # Own process group: a terminal's Ctrl-C reaches the gateway, which then stops children in order.
-        proc = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
+        launch = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv] if sys.platform == "linux" else argv
+        proc = await asyncio.create_subprocess_exec(*launch, start_new_session=True)
         self.procs[replica], replica.pid = proc, proc.pid
         log.info("%s replica %s started (pid %d): %s", env, replica.url, proc.pid, shlex.join(argv))
 

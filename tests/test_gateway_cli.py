@@ -127,6 +127,30 @@ def test_spawned_replicas_restart_after_dying():
             os.kill(pid, 0)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="replicas die with the gateway through prctl, Linux only")
+def test_spawned_replicas_die_with_a_killed_gateway():
+    cmd = f"{sys.executable} -m tests.agentgym_fake_backend --host 127.0.0.1 --port {{port}}"
+    with GatewayProcess("--spawn", f"fake:agentgym={cmd}:2", "--health-interval", "0.2", ready="healthy") as gw:
+        deadline = time.monotonic() + 20
+        while True:
+            _, envs = get(gw.url + "/v1/envs")
+            pids = [r["pid"] for r in envs["envs"]["fake"]["replicas"]]
+            if all(r["healthy"] for r in envs["envs"]["fake"]["replicas"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for pid in pids:  # the launcher exec'd the server itself: the pid the gateway reports is the server's
+            assert "agentgym_fake_backend" in open(f"/proc/{pid}/cmdline").read()
+        gw.proc.kill()  # no chance to stop its children
+        gw.proc.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
+                 open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+        time.sleep(0.1)
+    assert not alive, f"replicas {alive} outlived their gateway"
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "no environments"),
     (["--env", "babyai"], "expected NAME=URL"),
