@@ -180,7 +180,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             actor_loss, *rest = ppo_loss_fn(*args, **kwargs)
             _, output = captured.pop("out")
             with torch.set_grad_enabled(lam > 0):
-                kl = self._te_kl(output["logits"], members)
+                kl = self._te_kl(output["logits"], members, experience.attention_mask)
             experience.info["cope/te_kl"] = kl.detach()
             captured["te"] = lam * kl
             return (actor_loss + captured["te"], *rest)
@@ -195,8 +195,10 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             status["metrics"]["policy_loss"] = status["metrics"]["policy_loss"] - captured["te"].detach()
         return status
 
-    def _te_kl(self, logits: torch.Tensor, members: Sequence[dict]) -> torch.Tensor:
-        """Mean KL(pi_theta || q) over covered tokens; ``logits`` (B, T, V) of the training forward."""
+    def _te_kl(self, logits: torch.Tensor, members: Sequence[dict], attention_mask: torch.Tensor) -> torch.Tensor:
+        """Mean KL(pi_theta || q) over covered tokens; ``logits`` of the training forward: (B, T, V), or with
+        ``--ds.packing_samples`` (1, N, V) over the rows' valid tokens one row after another (OpenRLHF unpads
+        row-major; ring attention, which would also slice the stream, is refused by the CLI)."""
         rows = torch.cat([torch.full_like(m["positions"], b) for b, m in enumerate(members)]).to(logits.device)
         positions = torch.cat([m["positions"] for m in members]).to(logits.device)
         if positions.numel() == 0:
@@ -207,7 +209,11 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             return torch.cat([torch.nn.functional.pad(m[key], (0, 0) * (m[key].dim() - 2) + (0, width - m[key].shape[1]))
                               for m in members]).to(logits.device)
 
-        policy = logits[rows, positions - 1]  # the logits that predict the covered token
+        if getattr(self.actor, "packing_samples", False):
+            stream = attention_mask.to(logits.device).flatten().cumsum(0) - 1  # (b, t) -> its place in the stream
+            policy = logits[0, stream[rows * attention_mask.shape[1] + positions - 1]]
+        else:
+            policy = logits[rows, positions - 1]  # the logits that predict the covered token
         q = mixture_target(policy.detach(), stack("probs"), stack("ids"), stack("valid"), self.cope.te_eta)
         return te_kl(policy, q).mean()
 

@@ -186,6 +186,39 @@ def test_te_term_pulls_policy_toward_q(batch, model_dir, tok, monkeypatch, on_cp
     assert kl_cope < kl_stock  # the TE term moved the policy toward q beyond what PPO alone did
 
 
+def varlen_stand_in(module, args, kwargs):
+    """CPU stand-in for flash attention's varlen kernel, which --ds.packing_samples relies on (HF's sdpa would let
+    the samples of the (1, N) stream attend to each other): the block-causal mask of the position-id restarts."""
+    position_ids = kwargs.get("position_ids")
+    if kwargs.get("attention_mask") is None and position_ids is not None and position_ids.shape[0] == 1:
+        sample = (position_ids[0] == 0).cumsum(0)
+        causal = torch.ones(len(sample), len(sample), dtype=torch.bool).tril()
+        kwargs["attention_mask"] = (causal & (sample[:, None] == sample[None, :]))[None, None]
+    return args, kwargs
+
+
+def test_te_term_with_packing_samples_equals_padded(batch, model_dir, tok, monkeypatch, on_cpu):
+    """--ds.packing_samples: OpenRLHF's Actor runs the micro-batch unpadded as one (1, N) stream; the TE term reads
+    its logits there. Same KL, same update as the padded run."""
+    args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0")
+    experience = copy.deepcopy(batch)
+    experience.info[TE_KEY] = te_members(batch, model_dir, tok, args)
+    results = {}
+    for packing in (False, True):
+        trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+        trainer.actor.packing_samples = packing
+        calls = []
+        trainer.actor.model.register_forward_pre_hook(lambda m, a, kw: calls.append(a[0] if a else kw["input_ids"]),
+                                                      with_kwargs=True)
+        trainer.actor.model.register_forward_pre_hook(varlen_stand_in, with_kwargs=True)
+        results[packing] = train_once(trainer, experience), params(trainer), calls
+    (padded, padded_params, _), (packed, packed_params, packed_calls) = results[False], results[True]
+    assert packed_calls[0].shape[0] == 1  # the packed path did run: one row
+    assert packed["cope/te_kl"] == pytest.approx(padded["cope/te_kl"], rel=1e-5)
+    for name, value in padded_params.items():
+        torch.testing.assert_close(packed_params[name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_te_lambda_zero_is_diagnostic_only(batch, model_dir, tok, monkeypatch, on_cpu):
     args = cli_args("--cope.te_enable", "--cope.te_lambda", "0")
     experience = copy.deepcopy(batch)

@@ -58,7 +58,6 @@ def no_patch_left():
     (GRPO + ["--cope.action_forecast_enable"], "need multi-turn samples from an agent"),
     (AGENT + ["--algo.advantage.estimator", "rloo", "--rollout.n_samples_per_prompt", "4",
               "--cope.grpo_filter_degenerate"], "got --algo.advantage.estimator rloo: use --algo.advantage.estimator group_norm"),
-    (GRPO + AGENT + ["--cope.te_enable", "--ds.packing_samples"], "does not support --ds.packing_samples"),
 ])
 def test_bad_values_and_combinations_exit_2(capsys, no_patch_left, argv, message):
     code, err = exit_of(capsys, argv)

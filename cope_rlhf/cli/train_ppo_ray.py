@@ -82,8 +82,6 @@ def combination_error(args: argparse.Namespace) -> Optional[str]:
         return f"the CoPE signals ({', '.join(turn_based)}) do not support ring attention yet: use --ds.ring_attn_size 1"
     if config.action_forecast_enable and getattr(args, "ds.tensor_parallel_size", 1) > 1:
         return "--cope.action_forecast_enable does not support tensor parallelism yet: use --ds.tensor_parallel_size 1"
-    if config.te_enable and getattr(args, "ds.packing_samples", False):
-        return "--cope.te_enable does not support --ds.packing_samples yet: drop --ds.packing_samples"
     return None
 
 
