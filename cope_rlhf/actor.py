@@ -63,6 +63,7 @@ from cope_rlhf.turns import Turn
 
 FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
 TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
+UPDATES_STATE = "cope_updates"  # checkpoint client state: PPO updates so far (TE_WARMUP_STEPS counts them)
 EMPTY_MICRO_BATCH_TOKENS = 1e-9  # ppo_train's token weight for a micro-batch the filter emptied (see training_step)
 
 logger = logging.getLogger(__name__)
@@ -304,6 +305,15 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
 
 @ray.remote(num_gpus=1)
 class CoPEPolicyModelActor(CoPEActorMethods, PolicyModelActor.__ray_actor_class__):
+    def init_model_from_pretrained(self, *args, **kwargs):
+        super().init_model_from_pretrained(*args, **kwargs)
+        # TE's warm-up counts PPO updates: a resumed run continues the count its checkpoint saved
+        self.trainer.cope_updates = int(self.checkpoint_states.get(UPDATES_STATE, 0))
+
+    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
+        client_states = {**(client_states or {}), UPDATES_STATE: getattr(self.trainer, "cope_updates", 0)}
+        super().save_checkpoint(tag, client_states, metric_value=metric_value, metric_key=metric_key)
+
     def append(self, experience):
         self.trainer.take_forecast_samples(experience)
         super().append(experience)

@@ -15,10 +15,12 @@ import torch
 from openrlhf.models import PolicyLoss
 from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
 from openrlhf.trainer.ppo_utils.experience import Experience, make_experience_batch, split_experience_batch
-from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+from openrlhf.trainer.ray import ppo_actor
+from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.config import hierarchize
 
-from cope_rlhf.actor import FORECAST_KEY, TE_KEY, CoPEActorMethods, CoPEActorPPOTrainer, CoPEPolicyModelActor
+from cope_rlhf.actor import (FORECAST_KEY, TE_KEY, UPDATES_STATE, CoPEActorMethods, CoPEActorPPOTrainer,
+                             CoPEPolicyModelActor)
 from cope_rlhf.advantage import filter_degenerate_groups, grpo_advantages
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
@@ -26,7 +28,7 @@ from cope_rlhf.turns import unpadded_trajectories
 from cope_rlhf.forecast import (build_forecast_samples, collate_forecast_samples, forecast_nll,
                                 forecast_samples_from_experiences)
 from cope_rlhf.info_gain import position_ids_for
-from cope_rlhf.temporal_ensemble import mixture_target, te_kl
+from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
 from tests.ray_cpu_groups import StandInStrategy, load_actor
 from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
 
@@ -419,3 +421,41 @@ def test_filter_empty_window_without_precomputed_normaliser(tok, model_dir, monk
     status = cope.training_step(copy.deepcopy(experience), 0.0, 0, None)
     assert status["num_action_tokens"] > 0 and float(status["metrics"]["policy_loss"]) == 0.0
     assert all(p.grad is None or not p.grad.isnan().any() for p in cope.actor.parameters())
+
+
+# --- TE warm-up across a resume: the PPO-update count travels in the DeepSpeed checkpoint's client states ------
+
+
+class RecordingCheckpointStrategy(StandInStrategy):
+    """Stand-in for DeepspeedStrategy.save_ckpt / load_ckpt (which need CUDA here): keeps the client states."""
+
+    saved: dict = {}
+
+    def save_ckpt(self, model, path, tag, max_num, max_mem, client_states, **kwargs) -> None:
+        RecordingCheckpointStrategy.saved = dict(client_states)
+
+
+def test_te_warmup_count_survives_resume(model_dir, tok, monkeypatch):
+    args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0", "--cope.te_warmup_steps", "3")
+    before = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    before.strategy, before.disable_ds_ckpt, before.save_hf_ckpt = RecordingCheckpointStrategy(args), False, False
+    before.actor, before.trainer = load_actor(model_dir), make_trainer(CoPEActorPPOTrainer, args, model_dir, tok,
+                                                                       monkeypatch)
+    before.trainer.cope_updates = 4
+    monkeypatch.setattr(ppo_actor, "torch_dist_barrier_and_cuda_sync", lambda: None)  # one rank, no process group
+    before.save_checkpoint("global_step4", {"consumed_samples": 32})
+    assert RecordingCheckpointStrategy.saved == {"consumed_samples": 32, UPDATES_STATE: 4}
+
+    def upstream_init(self, *_, **__):  # what PolicyModelActor's own init leaves behind (it needs DeepSpeed, CUDA)
+        self.checkpoint_states = dict(RecordingCheckpointStrategy.saved)
+        self.trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+
+    monkeypatch.setattr(PolicyModelActor.__ray_actor_class__, "init_model_from_pretrained", upstream_init)
+    resumed = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    resumed.init_model_from_pretrained()
+    assert resumed.trainer.cope_updates == 4
+    assert te_lambda(resumed.trainer.cope, resumed.trainer.cope_updates) == 1.0  # warm-up (3) is over
+    fresh = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    RecordingCheckpointStrategy.saved = {}
+    fresh.init_model_from_pretrained()
+    assert fresh.trainer.cope_updates == 0 and te_lambda(fresh.trainer.cope, 0) == 0.0
