@@ -13,7 +13,7 @@ peak memory (resident set growth over the phase, sampled every 2 ms) of:
 and prints the table with the ratios (b)/(a) and (c)/(a). Both paths compute the same values (checked here on
 the information gain and the forecast loss; tests/test_branches.py checks all of it to 1e-5).
 
-    .venv/bin/python benchmarks/signal_cost.py [--turns 5 10 20 40] [--batch 2] [--hidden 256] [--layers 4]
+    .venv/bin/python benchmarks/signal_cost.py [--turns 5 10 20 40] [--batch 2] [--hidden 256] [--layers 4] [--vocab V]
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ def forecast_step(run, samples, tok, branch_pack: bool, per_call: int, block_mas
 def signals(model, tok, batch: Experience, turns: int, branch_pack: bool, cpu: dict):
     """The three signals; returns (info-gain values, forecast loss) for the cross-check, CPU seconds into ``cpu``."""
     model.zero_grad(set_to_none=True)
-    run = lambda ids, mask, pos: model(input_ids=ids, attention_mask=mask, position_ids=pos).logits  # noqa: E731
+    run = lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,  # noqa: E731
+                                             logits_to_keep=0 if keep is None else keep).logits
     # as the actor runs them: packed under block_attention (its mask builder), per-turn with the model's own sdpa
     with block_attention(model) if branch_pack else contextlib.nullcontext(dense_mask) as build:
         clock = time.process_time()
@@ -165,9 +166,12 @@ def main():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=0, help="LM-head width (default: the tiny tokenizer's); a "
+                        "real model's 150k makes the logits dominate memory")
     args = parser.parse_args()
     tok = tiny_tokenizer()
-    model = small_model(len(tok), args.hidden, args.layers)
+    vocab = max(args.vocab, len(tok))
+    model = small_model(vocab, args.hidden, args.layers)
     batches = {n: Experience.concat_experiences([trajectory(tok, n, seed=n * 100 + i) for i in range(args.batch)],
                                                 pad_token_id=tok.pad_token_id) for n in args.turns}
     for b in batches.values():
@@ -184,7 +188,7 @@ def main():
         else:
             parts[n, name] = {}
             results[n, name] = measure(lambda: signals(model, tok, b, n, name == "packed", parts[n, name]))
-    print(f"\nmodel: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {len(tok)}, float32, sdpa, "
+    print(f"\nmodel: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {vocab}, float32, sdpa, "
           f"torch threads {torch.get_num_threads()}; batch {args.batch} trajectories; P=16, K=3, every turn scored")
     head = (f"{'turns':>5} {'tokens':>6} | {'(a) grpo s':>10} {'cpu':>6} {'MiB':>6} | {'(b) naive s':>11} {'cpu':>6} "
             f"{'MiB':>6} | {'(c) packed s':>12} {'cpu':>6} {'MiB':>6} | {'b/a wall':>8} {'cpu':>5} {'mem':>5} | "

@@ -44,7 +44,6 @@ are the same either way, only the cost differs).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from typing import Dict, List, Optional, Sequence
 
@@ -55,8 +54,8 @@ from openrlhf.utils.loss_utils import get_loss_batch_info
 
 from cope_rlhf.branches import block_attention, contiguous_span, dense_mask
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import (ForecastSample, collate_forecast_samples, forecast_nll, pack_forecast_samples,
-                                packed_forecast_nll)
+from cope_rlhf.forecast import (ForecastSample, collate_forecast_samples, forecast_nll, kept_logit_columns,
+                                pack_forecast_samples, packed_forecast_nll)
 from cope_rlhf.info_gain import info_gain_rewards, position_ids_for
 from cope_rlhf.temporal_ensemble import collect_members, member_logits, mixture_target, te_kl, te_lambda
 from cope_rlhf.turns import Turn
@@ -77,13 +76,17 @@ class CoPEActorMethods:
     """Methods that need only ``self.actor`` (OpenRLHF ``Actor``) and ``self.strategy``: shared by the Ray
     policy actor and the CPU stand-in used in tests."""
 
-    def _cope_logits(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0) -> torch.Tensor:
+    def _cope_logits(self, input_ids, attention_mask, position_ids, keep=None) -> torch.Tensor:
+        """The ``logits_fn`` of the signal modules (``info_gain.LogitsFn``): ``keep`` (column indices, or a count
+        of last columns) becomes HF's ``logits_to_keep``, so the LM head runs only where logits are read."""
         device = _device(self.actor.model)
         if isinstance(attention_mask, torch.Tensor):  # a flex-attention BlockMask is built on the device already
             attention_mask = attention_mask.to(device)
+        if isinstance(keep, torch.Tensor):
+            keep = keep.to(device)
         out = self.actor.model(
             input_ids.to(device), attention_mask=attention_mask, position_ids=position_ids.to(device),
-            logits_to_keep=logits_to_keep,
+            logits_to_keep=0 if keep is None else keep,
         )
         return out["logits"].float() / getattr(self.actor, "temperature", 1.0)
 
@@ -111,7 +114,7 @@ class CoPEActorMethods:
         try:
             with self._cope_attention(pack) as build:
                 rewards, _, metrics = info_gain_rewards(
-                    lambda s, a, p: self._cope_logits(s, a, p), sequences, attention_mask, action_mask,
+                    self._cope_logits, sequences, attention_mask, action_mask,
                     probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
                     branch_pack=pack, block_mask=build,
                 )
@@ -128,7 +131,7 @@ class CoPEActorMethods:
         try:
             with self._cope_attention(pack) as build:
                 trimmed, logits = member_logits(
-                    lambda s, a, p: self._cope_logits(s, a, p), samples, branch_pack=pack,
+                    self._cope_logits, samples, branch_pack=pack,
                     block_mask=build, device=_device(self.actor.model),
                 )
             trajectory = {s.row: (tokens, turns) for s in samples}
@@ -271,19 +274,16 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
                     real = bool(part)
                     part = part or [ForecastSample([pad, pad], [0, 1], row=-1, turn=0, weight=0.0)]
                     if pack:
-                        packed = pack_forecast_samples(part)
-                        skip = int(packed.logit_index[:, 1].min())  # trunk logits before it are never read
-                        ids = packed.rows.input_ids
-                        logits = self._cope_logits(ids, build(packed.rows), packed.rows.position_ids,
-                                                   logits_to_keep=ids.shape[1] - skip)
-                        kept = dataclasses.replace(packed, logit_index=packed.logit_index - torch.tensor([0, skip]))
-                        nll = packed_forecast_nll(logits, kept, self.cope.action_forecast_coef)
+                        keep, packed = kept_logit_columns(pack_forecast_samples(part))
+                        logits = self._cope_logits(packed.rows.input_ids, build(packed.rows), packed.rows.position_ids,
+                                                   keep)
+                        nll = packed_forecast_nll(logits, packed, self.cope.action_forecast_coef)
                         targets = len(packed.labels)
                     else:
                         ids, attn, loss_mask, weights = collate_forecast_samples(part, pad)
                         first = int(loss_mask[:, 1:].nonzero()[:, 1].min()) + 1
                         keep = ids.shape[1] - first + 1  # logits from the position before the first target token on
-                        logits = self._cope_logits(ids, attn, position_ids_for(attn), logits_to_keep=keep)
+                        logits = self._cope_logits(ids, attn, position_ids_for(attn), keep)
                         dev = logits.device
                         nll = forecast_nll(logits, ids[:, -keep:].to(dev), loss_mask[:, -keep:].to(dev),
                                            weights.to(dev), self.cope.action_forecast_coef)

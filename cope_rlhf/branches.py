@@ -90,6 +90,16 @@ def pack_rows(
     return PackedRows(input_ids, position_ids, segment, trunk_end, starts)
 
 
+def logit_columns(columns: torch.Tensor, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(keep, where): the distinct ``columns`` (sorted) whose logits a consumer reads, to hand the model as HF's
+    ``logits_to_keep`` (the LM head then runs there only: a packed row's full (L, V) logits would not fit a GPU
+    at a real vocabulary), and ``where[c]``, the index of column c among them (-1: not kept)."""
+    keep = torch.unique(columns.flatten())
+    where = torch.full((width,), -1, dtype=torch.long)
+    where[keep] = torch.arange(len(keep))
+    return keep, where
+
+
 def dense_mask(packed: PackedRows, device=None) -> torch.Tensor:
     """Boolean ``(R, 1, L, L)``, True where query q sees key k (padding sees the padding before it)."""
     segment, trunk_end = packed.segment.to(device), packed.trunk_end.to(device)

@@ -29,13 +29,14 @@ loss and its gradient are the per-sample path's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from cope_rlhf.branches import BlockMaskFn, Branch, PackedRows, dense_mask, pack_rows
+from cope_rlhf.branches import BlockMaskFn, Branch, PackedRows, dense_mask, logit_columns, pack_rows
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import Turn, unpadded_trajectories
 
@@ -337,17 +338,27 @@ def forecast_loss(
     block_mask: BlockMaskFn = dense_mask,
     device=None,
 ) -> torch.Tensor:
-    """L_AF of ``samples`` through ``logits_fn(input_ids, attention_mask, position_ids)`` (with gradient): the
-    samples collated and run one by one row (the reference), or, with ``branch_pack``, as branches off their
-    trajectories, ``logits_fn`` getting ``block_mask(rows)`` as its attention mask."""
+    """L_AF of ``samples`` through ``logits_fn(input_ids, attention_mask, position_ids, keep)`` (with gradient,
+    see ``info_gain.LogitsFn``): the samples collated and run one by one row (the reference, full logits), or,
+    with ``branch_pack``, as branches off their trajectories, ``logits_fn`` getting ``block_mask(rows)`` as its
+    attention mask and asked for the target-predicting columns only."""
     if not branch_pack:
         input_ids, attention_mask, loss_mask, weights = collate_forecast_samples(samples, pad_token_id)
         position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-        logits = logits_fn(input_ids.to(device), attention_mask.to(device), position_ids.to(device))
+        logits = logits_fn(input_ids.to(device), attention_mask.to(device), position_ids.to(device), None)
         on = logits.device
         return forecast_nll(logits, input_ids.to(on), loss_mask.to(on), weights.to(on), coef)
     packed = pack_forecast_samples(samples)
     mask = block_mask(packed.rows)
     mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
-    logits = logits_fn(packed.rows.input_ids.to(device), mask, packed.rows.position_ids.to(device))
+    keep, packed = kept_logit_columns(packed)
+    logits = logits_fn(packed.rows.input_ids.to(device), mask, packed.rows.position_ids.to(device), keep.to(device))
     return packed_forecast_nll(logits, packed, coef)
+
+
+def kept_logit_columns(packed: PackedForecast) -> Tuple[torch.Tensor, PackedForecast]:
+    """Only the columns that predict a target token need logits: (those columns, for ``logits_fn``'s ``keep``;
+    the same samples with ``logit_index`` pointing into them)."""
+    keep, where = logit_columns(packed.logit_index[:, 1], packed.rows.input_ids.shape[1])
+    index = torch.stack([packed.logit_index[:, 0], where[packed.logit_index[:, 1]]], 1)
+    return keep, dataclasses.replace(packed, logit_index=index)

@@ -19,21 +19,22 @@ from the real sequence only from the block's last token on, so each turn needs j
 ``[action_start - 1, action_start - 1 + P)`` recomputed, as a branch that sees the trajectory before the block:
 one forward of the trajectory plus P tokens per scored turn, instead of one forward per turn.
 
-Everything runs through ``logits_fn(sequences, attention_mask, position_ids) -> (rows, L, V) logits``, so a
-HF model and an OpenRLHF actor serve alike. Position ids follow OpenRLHF's ``Actor.forward`` convention
+Everything runs through ``logits_fn(sequences, attention_mask, position_ids, keep) -> logits``, so a HF model
+and an OpenRLHF actor serve alike: ``(rows, L, V)``, or with ``keep`` (sorted column indices) ``(rows, len(keep),
+V)``, the LM head run at those columns only (HF's ``logits_to_keep``). Both paths ask only for the probe columns. Position ids follow OpenRLHF's ``Actor.forward`` convention
 (``cumsum(attention_mask) - 1``, padding at 1).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from cope_rlhf.branches import Branch, BlockMaskFn, contiguous_span, dense_mask, pack_rows
+from cope_rlhf.branches import Branch, BlockMaskFn, contiguous_span, dense_mask, logit_columns, pack_rows
 from cope_rlhf.turns import Turn, action_offset, turn_spans
 
-LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 
 
 class Probe(NamedTuple):
@@ -118,11 +119,13 @@ def _naive_values(logits_fn, sequences, attention_mask, position_ids, probes, ro
     for c in range(0, len(probed_rows), rows_per_forward):
         chunk = probed_rows[c : c + rows_per_forward]
         length = max(p.positions[1] for p in probes if p.row in chunk)
-        logits = logits_fn(sequences[chunk, :length], attention_mask[chunk, :length], position_ids[chunk, :length])
+        keep, where = logit_columns(_probe_columns([p for p in probes if p.row in chunk]), length)
+        logits = logits_fn(sequences[chunk, :length], attention_mask[chunk, :length], position_ids[chunk, :length],
+                           keep.to(sequences.device))
         for i, row in enumerate(chunk):
             for p in probes:
                 if p.row == row:
-                    real_logits[p] = logits[i, p.positions[0] : p.positions[1]].clone()
+                    real_logits[p] = logits[i, where[p.positions[0] : p.positions[1]]].clone()
         del logits
     values = []
     for c in range(0, len(probes), rows_per_forward):
@@ -132,12 +135,18 @@ def _naive_values(logits_fn, sequences, attention_mask, position_ids, probes, ro
         masked_attention = attention_mask[rows, :length].clone()
         for i, p in enumerate(chunk):
             masked_attention[i, p.masked[0] : p.masked[1]] = 0
-        masked_logits = logits_fn(sequences[rows, :length], masked_attention, position_ids[rows, :length])
+        keep, where = logit_columns(_probe_columns(chunk), length)
+        masked_logits = logits_fn(sequences[rows, :length], masked_attention, position_ids[rows, :length],
+                                  keep.to(sequences.device))
         for i, p in enumerate(chunk):
             a, b = p.positions
-            values.append(float(probe_kl(real_logits[p], masked_logits[i, a:b])))
+            values.append(float(probe_kl(real_logits[p], masked_logits[i, where[a:b]])))
         del masked_logits
     return values
+
+
+def _probe_columns(probes: List[Probe], shift: int = 0) -> torch.Tensor:
+    return torch.cat([torch.arange(p.positions[0] - shift, p.positions[1] - shift) for p in probes])
 
 
 def _packed_values(logits_fn, sequences, attention_mask, probes, rows_per_forward, block_mask) -> List[float]:
@@ -168,11 +177,16 @@ def _packed_values(logits_fn, sequences, attention_mask, probes, rows_per_forwar
         device = sequences.device
         mask = block_mask(packed)
         mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
-        logits = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device))
+        columns = [_probe_columns(by_row[row], first) for row, first in zip(chunk, firsts)]  # the real logits
+        columns += [torch.arange(packed.column(i, j, 0), packed.column(i, j, 0) + p.positions[1] - p.positions[0])
+                    for i, row in enumerate(chunk) for j, p in enumerate(by_row[row])]  # the counterfactuals
+        keep, where = logit_columns(torch.cat(columns), packed.input_ids.shape[1])
+        logits = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device), keep.to(device))
         for i, (row, first) in enumerate(zip(chunk, firsts)):
             for j, p in enumerate(by_row[row]):
                 a, b = p.positions
                 start = packed.column(i, j, 0)
-                found[p] = float(probe_kl(logits[i, a - first : b - first], logits[i, start : start + b - a]))
+                found[p] = float(probe_kl(logits[i, where[a - first : b - first]],
+                                          logits[i, where[start : start + b - a]]))
         del logits
     return [found[p] for p in probes]

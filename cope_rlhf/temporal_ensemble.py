@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.branches import BlockMaskFn, dense_mask
+from cope_rlhf.branches import BlockMaskFn, dense_mask, logit_columns
 from cope_rlhf.forecast import ForecastSample, pack_by_trajectory, sample_columns
 from cope_rlhf.turns import Turn
 
@@ -126,7 +126,8 @@ def member_logits(
     ``[first, end)`` around its later slots (slots shifted to match), and their logits there (cpu, float32).
 
     Per sample one forward of ``input_ids[:end]`` (the reference), or, with ``branch_pack``, the samples of
-    ``rows_per_forward`` trajectories per forward as branches off them (``forecast.pack_by_trajectory``)."""
+    ``rows_per_forward`` trajectories per forward as branches off them (``forecast.pack_by_trajectory``). Either
+    way ``logits_fn`` is asked for the slot columns only (its ``keep``, see ``info_gain.LogitsFn``)."""
     kept, cuts = [], []
     for s in samples:
         later = [slot for slot in s.slots if slot[0] > s.turn]
@@ -143,8 +144,9 @@ def member_logits(
     if not branch_pack:
         for i, (s, (first, end)) in enumerate(zip(kept, cuts)):
             ids = torch.tensor([s.input_ids[:end]], device=device)
-            out = logits_fn(ids, torch.ones_like(ids), torch.arange(end, device=device)[None])
-            logits[i] = out[0, first:end].float().cpu()
+            out = logits_fn(ids, torch.ones_like(ids), torch.arange(end, device=device)[None],
+                            torch.arange(first, end, device=device))
+            logits[i] = out[0].float().cpu()
         return trimmed, logits
     by_row: Dict[int, List[int]] = {}
     for i, s in enumerate(kept):
@@ -155,10 +157,11 @@ def member_logits(
         packed, places = pack_by_trajectory([kept[i] for i in chunk], [cuts[i][1] for i in chunk])
         mask = block_mask(packed)
         mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
-        out = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device))
-        for i, place in zip(chunk, places):
-            first, end = cuts[i]
-            columns = sample_columns(packed, place, kept[i].prefix_len, torch.arange(first, end))
-            logits[i] = out[place[0], columns.to(out.device)].float().cpu()
+        columns = [sample_columns(packed, place, kept[i].prefix_len, torch.arange(*cuts[i]))
+                   for i, place in zip(chunk, places)]
+        keep, where = logit_columns(torch.cat(columns), packed.input_ids.shape[1])
+        out = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device), keep.to(device))
+        for i, place, cols in zip(chunk, places, columns):
+            logits[i] = out[place[0], where[cols].to(out.device)].float().cpu()
         del out
     return trimmed, logits

@@ -14,7 +14,7 @@ from cope_rlhf.branches import (
     flex_available, flex_mask, layout_mask, pack_rows,
 )
 from cope_rlhf.forecast import build_forecast_samples, forecast_loss, pack_forecast_samples
-from cope_rlhf.info_gain import info_gain_rewards
+from cope_rlhf.info_gain import info_gain_rewards, plan_probes
 from cope_rlhf.temporal_ensemble import collect_members, member_logits
 from cope_rlhf.turns import turn_spans, unpadded_trajectories
 from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, tiny_tokenizer, to_experience
@@ -203,7 +203,8 @@ def forecast_samples(tok, batch, layout="list", rows=(0, 1, 2, 3)):
 
 
 def trainable_logits_fn(model):
-    return lambda ids, mask, pos: model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    return lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                              logits_to_keep=0 if keep is None else keep).logits
 
 
 @pytest.mark.parametrize("layout,rows", [("list", (0, 1, 2, 3)), ("turns", (1, 3))])
@@ -262,3 +263,33 @@ def test_te_members_equal_per_sample_reference(model, tok, batch, attention):
     assert len(naive_trimmed) == 2 and [s.slots for s in naive_trimmed] == [s.slots for s in trimmed[:2]]
     for a, b in zip(naive_logits, logits[:2]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_packed_paths_run_the_lm_head_only_where_logits_are_read(model, tok, batch):
+    """A packed row's full (L, V) logits would not fit a GPU at a real vocabulary: every packed path asks its
+    logits_fn for the columns it reads (HF's logits_to_keep), no more."""
+    seen = []
+    base = hf_logits_fn(model)
+
+    def recording(ids, mask, pos, keep):
+        seen.append((ids.shape[1], keep))
+        return base(ids, mask, pos, keep)
+
+    with block_attention(model) as build:
+        info_gain_rewards(recording, batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P,
+                          max_turns=20, rows_per_forward=1, branch_pack=True, block_mask=build)
+        probes = plan_probes(turn_spans(batch.action_mask, batch.sequences.shape[1], batch.attention_mask), P, 20)
+        per_row = [2 * sum(p.positions[1] - p.positions[0] for p in probes if p.row == r) for r in range(4)]
+        assert [len(keep) for _, keep in seen] == [n for n in per_row if n]  # real + counterfactual probe columns
+        assert all(len(keep) < width for width, keep in seen)
+
+        seen.clear()
+        samples = forecast_samples(tok, batch)
+        member_logits(recording, samples, branch_pack=True, rows_per_forward=1, block_mask=build)
+        assert seen and all(len(keep) < width / 2 for width, keep in seen)
+
+        seen.clear()
+        loss = forecast_loss(recording, samples, coef=0.01, pad_token_id=tok.pad_token_id, branch_pack=True,
+                             block_mask=build)
+        targets = len(pack_forecast_samples(samples).labels)  # targets at a branch's first token share a trunk column
+        assert float(loss) > 0 and len(seen) == 1 and targets * 0.9 < len(seen[0][1]) <= targets < seen[0][0] / 2

@@ -148,7 +148,8 @@ def test_filter_zeroes_degenerate_group(groups, tok, stock):
 def test_info_gain_matches_reference(groups, tok, stock, policy):
     cope = make(CoPEExperienceMaker, groups, tok, "--cope.info_intrinsic_weight", "0.1")
     config = CoPEConfig()
-    logits_fn = lambda s, a, p: policy.model(input_ids=s, attention_mask=a, position_ids=p).logits.float()  # noqa
+    logits_fn = lambda s, a, p, k: policy.model(input_ids=s, attention_mask=a, position_ids=p,  # noqa: E731
+                                                logits_to_keep=0 if k is None else k).logits.float()
     reference = fresh(stock)
     intrinsic = []
     for e in reference:

@@ -107,7 +107,10 @@ def test_zero_when_the_model_ignores_observations(tok, batch):
     current token only, so masking an observation cannot change it."""
     torch.manual_seed(0)
     table = torch.randn(len(tok), len(tok))
-    bigram = lambda sequences, attention_mask, position_ids: table[sequences]  # noqa: E731
+
+    def bigram(sequences, attention_mask, position_ids, keep):
+        return table[sequences if keep is None else sequences[:, keep]]
+
     token_rewards, turn_rewards, metrics = info_gain_rewards(
         bigram, batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P
     )

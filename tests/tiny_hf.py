@@ -69,11 +69,13 @@ def tiny_model(vocab_size: int, seed: int = 0, layers: int = 2) -> Qwen2ForCausa
 
 
 def hf_logits_fn(model):
-    """Adapter: a HF causal LM as `logits_fn(sequences, attention_mask, position_ids) -> logits` (float32)."""
+    """Adapter: a HF causal LM as `logits_fn(sequences, attention_mask, position_ids, keep=None) -> logits` (float32;
+    `keep`: the columns to compute, HF's logits_to_keep)."""
 
     @torch.no_grad()
-    def logits_fn(sequences, attention_mask, position_ids):
-        return model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids).logits.float()
+    def logits_fn(sequences, attention_mask, position_ids, keep=None):
+        return model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids,
+                     logits_to_keep=0 if keep is None else keep).logits.float()
 
     return logits_fn
 
