@@ -142,7 +142,7 @@ BRANCH_ATTENTION = "cope_branch_sdpa"
 
 
 def layout_mask(packed: PackedRows) -> torch.Tensor:
-    """``(R, 1, 2, L)`` long: segment and trunk_end. Kept on the CPU: ``branch_attention`` reads it as lists."""
+    """``(R, 1, 2, L)`` long: segment and trunk_end (``branch_attention`` reads its runs as lists, in every layer)."""
     return torch.stack([packed.segment, packed.trunk_end], dim=1).unsqueeze(1)
 
 
@@ -186,16 +186,6 @@ def branch_attention(module, query, key, value, attention_mask, dropout: float =
     return torch.cat(rows).transpose(1, 2).contiguous(), None
 
 
-def _register_branch_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(BRANCH_ATTENTION, branch_attention)
-    # HF builds masks per implementation; a layout mask is 4D and passes through untouched, but a model
-    # also needs a builder for plain 2D masks (it asks for one even when it is handed a 4D mask).
-    ALL_MASK_ATTENTION_FUNCTIONS.register(BRANCH_ATTENTION, sdpa_mask)
-
-
 def _config(model):
     for candidate in (model, getattr(model, "module", None), getattr(getattr(model, "module", None), "model", None),
                       getattr(model, "model", None)):
@@ -219,7 +209,10 @@ def block_attention(model, prefer_flex: bool = True) -> Iterator[BlockMaskFn]:
     elif before == "eager":
         build = lambda p: additive_mask(p, dtype, device)  # noqa: E731
     else:
-        _register_branch_attention()
+        from transformers import AttentionInterface
+
+        # A layout mask is 4D, so HF hands it to the attention function untouched (no mask builder needed).
+        AttentionInterface.register(BRANCH_ATTENTION, branch_attention)
         config._attn_implementation, build = BRANCH_ATTENTION, layout_mask
     try:
         yield build
