@@ -20,9 +20,10 @@ from the real sequence only from the block's last token on, so each turn needs j
 one forward of the trajectory plus P tokens per scored turn, instead of one forward per turn.
 
 Everything runs through ``logits_fn(sequences, attention_mask, position_ids, keep) -> logits``, so a HF model
-and an OpenRLHF actor serve alike: ``(rows, L, V)``, or with ``keep`` (sorted column indices) ``(rows, len(keep),
-V)``, the LM head run at those columns only (HF's ``logits_to_keep``). Both paths ask only for the probe columns. Position ids follow OpenRLHF's ``Actor.forward`` convention
-(``cumsum(attention_mask) - 1``, padding at 1).
+and an OpenRLHF actor serve alike: ``(rows, L, V)``, or with ``keep`` (sorted column indices)
+``(rows, len(keep), V)``, the LM head run at those columns only (HF's ``logits_to_keep``); both paths ask for
+the probe columns only. Position ids follow OpenRLHF's ``Actor.forward`` convention (``cumsum(attention_mask) -
+1``, padding at 1).
 """
 
 from __future__ import annotations
