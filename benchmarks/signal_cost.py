@@ -6,9 +6,12 @@ peak memory (resident set growth over the phase, sampled every 2 ms) of:
 
   (a) grpo    a stock GRPO step: forward + backward of the trajectory batch (token-mean policy-gradient loss)
   (b) naive   the signals, one forward per turn: information gain of every turn (real + one counterfactual row per
-              turn), the forecast step (loss and backward, one row per forecast sample, K=3, 4 samples per call),
-              the TE members (one forward per forecast sample)
-  (c) packed  the same signals branch-packed (``branch_pack=True``): one row per trajectory for each of the three
+              turn), the TE members (one forward per forecast sample), the forecast step (loss and backward, one
+              row per forecast sample, K=3, 4 samples per call)
+  (c) packed  the same signals branch-packed (``branch_pack=True``): one row per trajectory shared by info gain and
+              TE members (``cope_frozen_signals``), one row per trajectory for the forecast step
+
+Info gain and TE members run through the policy actor's own code (``CoPEActorMethods``) around the model.
 
 and prints the table with the ratios (b)/(a) and (c)/(a). Both paths compute the same values (checked here on
 the information gain and the forecast loss; tests/test_branches.py checks all of it to 1e-5).
@@ -27,19 +30,23 @@ import random
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF importable on CPU)
+from openrlhf.models import Actor  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
+from openrlhf.utils.config import hierarchize  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from cope_rlhf.actor import CoPEActorMethods  # noqa: E402
 from cope_rlhf.branches import block_attention, dense_mask  # noqa: E402
+from cope_rlhf.cli.train_ppo_ray import build_parser  # noqa: E402
 from cope_rlhf.forecast import build_forecast_samples, forecast_loss  # noqa: E402
-from cope_rlhf.info_gain import info_gain_rewards, position_ids_for  # noqa: E402
-from cope_rlhf.temporal_ensemble import member_logits  # noqa: E402
+from cope_rlhf.info_gain import position_ids_for  # noqa: E402
 from cope_rlhf.turns import unpadded_trajectories  # noqa: E402
 from tests.tiny_hf import agent_response, tiny_tokenizer, to_experience  # noqa: E402
 
@@ -138,26 +145,36 @@ def forecast_step(run, samples, tok, branch_pack: bool, per_call: int, block_mas
     return value
 
 
+def actor_methods(model, branch_pack: bool, turns: int) -> CoPEActorMethods:
+    """The policy actor's own signal code (``CoPEActorMethods``) around the benchmark model, every turn scored."""
+    holder = object.__new__(CoPEActorMethods)
+    holder.actor = Actor(model)
+    holder.actor.packing_samples = False
+    holder.strategy = SimpleNamespace(args=hierarchize(build_parser().parse_args(
+        ["--cope.branch_pack", str(branch_pack).lower(), "--cope.info_probe_tokens", "16",
+         "--cope.info_max_turns", str(turns)])))
+    return holder
+
+
 def signals(model, tok, batch: Experience, turns: int, branch_pack: bool, cpu: dict):
-    """The three signals; returns (info-gain values, forecast loss) for the cross-check, CPU seconds into ``cpu``."""
+    """The three signals as the actor computes them; returns (info-gain token rewards, forecast loss) for the
+    cross-check, CPU seconds into ``cpu``. Info gain and TE members in one ``cope_frozen_signals`` call (packed:
+    shared rows; per-turn: one forward per turn and per forecast sample), then the forecast step (loss and
+    backward; packed under ``block_attention``, per-turn with the model's own sdpa)."""
     model.zero_grad(set_to_none=True)
+    rows = unpadded_trajectories([batch])
+    per_row = [build_forecast_samples(*rows[p], tok, k=3, row=p) for p in batch.index]
+    clock = time.process_time()
+    (gain, _), _ = actor_methods(model, branch_pack, turns).cope_frozen_signals(
+        batch.sequences, batch.attention_mask, batch.action_mask, per_row, [rows[p] for p in batch.index])
+    cpu["frozen"], clock = time.process_time() - clock, time.process_time()
     run = lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,  # noqa: E731
                                              logits_to_keep=0 if keep is None else keep).logits
-    # as the actor runs them: packed under block_attention (its mask builder), per-turn with the model's own sdpa
     with block_attention(model) if branch_pack else contextlib.nullcontext(dense_mask) as build:
-        clock = time.process_time()
-        with torch.no_grad():
-            _, values, _ = info_gain_rewards(run, batch.sequences, batch.attention_mask, batch.action_mask,
-                                             probe_tokens=16, max_turns=turns, rows_per_forward=4,
-                                             branch_pack=branch_pack, block_mask=build)
-        cpu["info"], clock = time.process_time() - clock, time.process_time()
-        samples = [s for row, (tokens, spans) in sorted(unpadded_trajectories([batch]).items())
-                   for s in build_forecast_samples(tokens, spans, tok, k=3, row=row)]
-        loss = forecast_step(run, samples, tok, branch_pack, per_call=4, block_mask=build)
-        cpu["forecast"], clock = time.process_time() - clock, time.process_time()
-        member_logits(run, samples, branch_pack=branch_pack, rows_per_forward=4, block_mask=build)
-        cpu["te"] = time.process_time() - clock
-    return values, loss
+        loss = forecast_step(run, [s for row in per_row for s in row], tok, branch_pack, per_call=4,
+                             block_mask=build)
+    cpu["forecast"] = time.process_time() - clock
+    return gain, loss
 
 
 def main():
@@ -197,7 +214,7 @@ def main():
     print("-" * len(head))
     for n in args.turns:
         a, b, c = (results[n, k] for k in ("grpo", "naive", "packed"))
-        d_info = max(abs(x - y) for rb, rc in zip(b[3][0], c[3][0]) for x, y in zip(rb, rc))
+        d_info = float((b[3][0] - c[3][0]).abs().max())
         d_loss = abs(b[3][1] - c[3][1])
         tokens = int(batches[n].attention_mask.sum(-1).max())
         ratio = lambda x, y: x / y if y > 0 else float("nan")  # noqa: E731
@@ -206,10 +223,10 @@ def main():
               f"{ratio(b[0], a[0]):>8.2f} {ratio(b[1], a[1]):>5.2f} {ratio(b[2], a[2]):>5.2f} | "
               f"{ratio(c[0], a[0]):>8.2f} {ratio(c[1], a[1]):>5.2f} {ratio(c[2], a[2]):>5.2f} | "
               f"{d_info:>9.1e} {d_loss:>8.1e}")
-    print("\nCPU seconds per signal, as a fraction of (a)'s CPU time: info gain / forecast step / TE members")
+    print("\nCPU seconds per part, as a fraction of (a)'s CPU time: info gain + TE members (one call) / forecast step")
     for n in args.turns:
         a = results[n, "grpo"][1]
-        line = "   ".join(f"{v}: " + " / ".join(f"{parts[n, v][k] / a:.2f}" for k in ("info", "forecast", "te"))
+        line = "   ".join(f"{v}: " + " / ".join(f"{parts[n, v][k] / a:.2f}" for k in ("frozen", "forecast"))
                            for v in ("naive", "packed"))
         print(f"{n:>5} turns   {line}")
 

@@ -52,13 +52,15 @@ import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
-from cope_rlhf.branches import block_attention, contiguous_span, dense_mask
+from cope_rlhf.branches import block_attention, contiguous_span, dense_mask, run_requests
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import (ForecastSample, collate_forecast_samples, forecast_nll, kept_logit_columns,
                                 pack_forecast_samples, packed_forecast_nll)
-from cope_rlhf.info_gain import info_gain_rewards, position_ids_for
-from cope_rlhf.temporal_ensemble import collect_members, member_logits, mixture_target, te_kl, te_lambda
-from cope_rlhf.turns import Turn
+from cope_rlhf.info_gain import (info_gain_rewards, plan_probes, position_ids_for, probe_requests, probe_values,
+                                 spread_rewards)
+from cope_rlhf.temporal_ensemble import (collect_members, later_forecasts, member_logits, member_requests,
+                                         mixture_target, split_members, te_kl, te_lambda)
+from cope_rlhf.turns import Turn, turn_spans
 
 FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
 TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
@@ -134,12 +136,65 @@ class CoPEActorMethods:
                     self._cope_logits, samples, branch_pack=pack,
                     block_mask=build, device=_device(self.actor.model),
                 )
-            trajectory = {s.row: (tokens, turns) for s in samples}
-            targets, probs, ids, valid, metrics = collect_members(trimmed, logits, trajectory)
         finally:
             self.actor.train(was_training)
-        positions = torch.tensor([pos for _, pos in targets], dtype=torch.long)
-        return {"positions": positions, "probs": probs, "ids": ids, "valid": valid}, metrics
+        return _members(trimmed, logits, tokens, turns)
+
+    @torch.no_grad()
+    def cope_frozen_signals(self, sequences, attention_mask, action_mask, samples=None, trajectories=None,
+                            info_gain: bool = True):
+        """Both pre-update signals of one batch: (``cope_info_gain``'s result or None, ``cope_te_members``' result
+        per row or None); ``samples[i]`` and ``trajectories[i]`` = (tokens, turns) are row i's, None without TE.
+        With both on and branch packing, a trajectory's probes and its forecast samples share one packed row
+        (``branches.run_requests``): its trunk runs once for the two. Otherwise the two methods run in turn."""
+        config = CoPEConfig.from_args(self.strategy.args)
+        fused = info_gain and samples is not None and self._cope_branch_pack(config)
+        try:
+            for row in attention_mask if fused else ():
+                contiguous_span(row)
+        except ValueError:  # cope_info_gain warns and takes its per-turn path
+            fused = False
+        if not fused:
+            gain = self.cope_info_gain(sequences, attention_mask, action_mask) if info_gain else None
+            members = None if samples is None else [self.cope_te_members(s, *t) for s, t in zip(samples, trajectories)]
+            return gain, members
+        turns = turn_spans(action_mask, sequences.shape[1], attention_mask)
+        probes = plan_probes(turns, config.info_probe_tokens, config.info_max_turns)
+        probes_of, forecasts_of, requests = {}, {}, {}
+        for mine, request in zip(*probe_requests(sequences, attention_mask, probes)):
+            probes_of[mine[0].row] = mine
+            requests[mine[0].row] = [request]
+        for i, row_samples in enumerate(samples):
+            kept, cuts, trimmed = later_forecasts(row_samples)
+            if kept:
+                (request,) = member_requests(kept, cuts)[1]  # one trajectory: one request
+                forecasts_of[i] = cuts, trimmed
+                requests.setdefault(i, []).append(request)
+        order = sorted(requests)
+        was_training = self.actor.training
+        self.actor.eval()
+        try:
+            with self._cope_attention(True) as build:
+                out = dict(zip(order, run_requests(self._cope_logits, [requests[i] for i in order], build,
+                                                   rows_per_forward=8, device=_device(self.actor.model))))
+        finally:
+            self.actor.train(was_training)
+        values = {p: v for i, mine in probes_of.items() for p, v in zip(mine, probe_values(mine, out[i][0]))}
+        rewards, _, metrics = spread_rewards(turns, probes, [values[p] for p in probes], action_mask,
+                                             sequences.shape[1])
+        members = []
+        for i, (tokens, row_turns) in enumerate(trajectories):
+            cuts, trimmed = forecasts_of.get(i, ([], []))
+            logits = split_members(cuts, out[i][-1]) if trimmed else []
+            members.append(_members(trimmed, logits, tokens, row_turns))
+        return (rewards.cpu(), metrics), members
+
+
+def _members(trimmed: List[ForecastSample], logits: List[torch.Tensor], tokens: List[int], turns: List[Turn]):
+    """``cope_te_members``' result: one trajectory's covered positions and their top-M members, and metrics."""
+    targets, probs, ids, valid, metrics = collect_members(trimmed, logits, {s.row: (tokens, turns) for s in trimmed})
+    positions = torch.tensor([pos for _, pos in targets], dtype=torch.long)
+    return {"positions": positions, "probs": probs, "ids": ids, "valid": valid}, metrics
 
 
 class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):

@@ -90,6 +90,51 @@ def pack_rows(
     return PackedRows(input_ids, position_ids, segment, trunk_end, starts)
 
 
+class RowRequest(NamedTuple):
+    """One consumer's share of a trajectory's packed row: the trajectory tokens it needs as trunk (a prefix of the
+    trajectory), its branches, and ``columns(starts)``: the columns whose logits it reads, given the first column
+    of each of its branches (trunk columns are trunk positions)."""
+
+    trunk: Sequence[int]
+    branches: Sequence[Branch]
+    columns: Callable[[List[int]], torch.Tensor]
+
+
+def run_requests(logits_fn: Callable, requests: Sequence[Sequence[RowRequest]], block_mask: "BlockMaskFn",
+                 rows_per_forward: int, device=None) -> List[List[torch.Tensor]]:
+    """Several consumers off the same trajectories in one forward per ``rows_per_forward`` trajectories.
+    ``requests[r]`` are trajectory r's consumers; row r's trunk is the longest of their trunks (the others must be
+    its prefixes), its branches theirs one after another. Returns ``out[r][c]``: consumer c's logits at its
+    columns, ``(len(columns), V)``; the LM head runs at those columns only (``logit_columns``)."""
+    out: List[List[torch.Tensor]] = []
+    for c in range(0, len(requests), rows_per_forward):
+        chunk = requests[c : c + rows_per_forward]
+        trunks, branches, spans = [], [], []
+        for consumers in chunk:
+            trunk = max((list(q.trunk) for q in consumers), key=len)
+            for q in consumers:
+                if list(q.trunk) != trunk[: len(q.trunk)]:
+                    raise ValueError("requests off one trajectory disagree on its tokens: give each trajectory its "
+                                     "own row, its trunks prefixes of its own tokens")
+            row_branches, row_spans = [], []
+            for q in consumers:
+                row_spans.append((len(row_branches), len(q.branches)))
+                row_branches.extend(q.branches)
+            trunks.append(trunk)
+            branches.append(row_branches)
+            spans.append(row_spans)
+        packed = pack_rows(trunks, branches)
+        columns = [[q.columns(packed.starts[i][a : a + n]) for q, (a, n) in zip(consumers, spans[i])]
+                   for i, consumers in enumerate(chunk)]
+        keep, where = logit_columns(torch.cat([col for row in columns for col in row]), packed.input_ids.shape[1])
+        mask = block_mask(packed)
+        mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
+        logits = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device), keep.to(device))
+        out.extend([logits[i, where[col].to(logits.device)] for col in row] for i, row in enumerate(columns))
+        del logits
+    return out
+
+
 def logit_columns(columns: torch.Tensor, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(keep, where): the distinct ``columns`` (sorted) whose logits a consumer reads, to hand the model as HF's
     ``logits_to_keep`` (the LM head then runs there only: a packed row's full (L, V) logits would not fit a GPU

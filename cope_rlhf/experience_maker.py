@@ -8,11 +8,11 @@ its switch is on, in this order:
    which ``CoPEPolicyModelActor.append`` takes out before the replay buffer. Built before the filter, so that
    groups where every trajectory won still teach the forecast.
 2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups``.
-3. information gain (``INFO_INTRINSIC_WEIGHT > 0``): the counterfactual forwards run on the actor group
-   (``cope_info_gain``, batched like OpenRLHF's forwards, no gradient, pre-update weights); then
-   ``A = A_GRPO + beta_g * Â_intr`` by ``advantage.add_info_gated_advantage``.
-4. temporal-ensemble members (``TE_ENABLE``): every trajectory's forecast samples are run on the actor group
-   (``cope_te_members``, one trajectory per call); the top-M members of each covered action token go into
+3. information gain (``INFO_INTRINSIC_WEIGHT > 0``) and temporal-ensemble members (``TE_ENABLE``), both under
+   the pre-update weights, no gradient, in one ``cope_frozen_signals`` call per experience on the actor group
+   (batched like OpenRLHF's forwards; branch-packed, a trajectory's counterfactual probes and its forecast
+   samples share one packed row). Info gain: ``A = A_GRPO + beta_g * Â_intr`` by
+   ``advantage.add_info_gated_advantage``. TE: the top-M members of each covered action token go into
    ``info[TE_KEY]`` (positions, probs, ids, valid), read by ``CoPEActorPPOTrainer.training_step``.
 
 Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/filtered_frac``,
@@ -59,14 +59,13 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
                 e.info[FORECAST_KEY] = [by_row.get(position, []) for position in e.index]
         if self.cope.grpo_filter_degenerate:
             metrics.update(filter_degenerate_groups(experiences, n))
-        if self.cope.info_gain_enable:
-            intrinsic, found = self._info_gain(experiences)
+        if self.cope.info_gain_enable or self.cope.te_enable:
+            intrinsic, found = self._frozen_signals(experiences)
             metrics.update(found)
-            metrics.update(add_info_gated_advantage(
-                experiences, intrinsic, n, self.cope.info_intrinsic_weight, self.cope.info_gate_temp
-            ))
-        if self.cope.te_enable:
-            metrics.update(self._te_members(experiences))
+            if self.cope.info_gain_enable:
+                metrics.update(add_info_gated_advantage(
+                    experiences, intrinsic, n, self.cope.info_intrinsic_weight, self.cope.info_gate_temp
+                ))
         for e in experiences:
             for key, value in metrics.items():
                 e.info[key] = torch.full((len(e.index),), float(value))
@@ -80,31 +79,34 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
             ray.get(self.actor_model_group.async_run_method(method_name="empty_cache"))
         return results
 
-    def _info_gain(self, experiences) -> Tuple[List[torch.Tensor], Dict[str, float]]:
+    def _frozen_signals(self, experiences) -> Tuple[List[torch.Tensor], Dict[str, float]]:
+        """One ``cope_frozen_signals`` call per experience: the info-gain token rewards (returned, one tensor per
+        experience, when info gain is on) and the TE members (into ``info[TE_KEY]``, when TE is on)."""
+        te = self.cope.te_enable
+        rows = unpadded_trajectories(experiences) if te else {}
+        samples = [
+            [build_forecast_samples(*rows[p], self.tokenizer, self.cope.action_forecast_k,
+                                    self.cope.action_forecast_layout, self.cope.action_forecast_skip_invalid, row=p)
+             for p in e.index] if te else None
+            for e in experiences
+        ]
         results = self._run_on_actors(
-            "cope_info_gain",
+            "cope_frozen_signals",
             sequences=[e.sequences for e in experiences],
             attention_mask=[e.attention_mask for e in experiences],
             action_mask=[e.action_mask for e in experiences],
+            samples=samples,
+            trajectories=[[rows[p] for p in e.index] if te else None for e in experiences],
+            info_gain=[self.cope.info_gain_enable] * len(experiences),
         )
-        scored = sum(m["cope/info_turns_scored"] for _, m in results)
-        return [r for r, _ in results], {"cope/info_turns_scored": scored}
-
-    def _te_members(self, experiences) -> Dict[str, float]:
-        rows = unpadded_trajectories(experiences)
-        positions = sorted(rows)
-        samples = [
-            build_forecast_samples(rows[p][0], rows[p][1], self.tokenizer, self.cope.action_forecast_k,
-                                   self.cope.action_forecast_layout, self.cope.action_forecast_skip_invalid, row=p)
-            for p in positions
-        ]
-        results = self._run_on_actors(
-            "cope_te_members", samples=samples, tokens=[rows[p][0] for p in positions],
-            turns=[rows[p][1] for p in positions],
-        )
-        members = {p: r for p, (r, _) in zip(positions, results)}
-        for e in experiences:
-            e.info[TE_KEY] = [members[p] for p in e.index]
-        slots = sum(m["cope/te_slots"] for _, m in results)
-        covered = sum(m["cope/te_slots"] * m["cope/te_slot_coverage"] for _, m in results)
-        return {"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0}
+        metrics: Dict[str, float] = {}
+        if self.cope.info_gain_enable:
+            metrics["cope/info_turns_scored"] = sum(m["cope/info_turns_scored"] for (_, m), _ in results)
+        if te:
+            for e, (_, members) in zip(experiences, results):
+                e.info[TE_KEY] = [r for r, _ in members]
+            found = [m for _, members in results for _, m in members]
+            slots = sum(m["cope/te_slots"] for m in found)
+            covered = sum(m["cope/te_slots"] * m["cope/te_slot_coverage"] for m in found)
+            metrics.update({"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0})
+        return [gain for (gain, _), _ in results] if self.cope.info_gain_enable else [], metrics

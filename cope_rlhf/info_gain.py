@@ -32,7 +32,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from cope_rlhf.branches import Branch, BlockMaskFn, contiguous_span, dense_mask, logit_columns, pack_rows
+from cope_rlhf.branches import (Branch, BlockMaskFn, RowRequest, contiguous_span, dense_mask, logit_columns,
+                                run_requests)
 from cope_rlhf.turns import Turn, action_offset, turn_spans
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
@@ -89,19 +90,28 @@ def info_gain_rewards(
     counterfactuals as short branches off it; ``logits_fn`` then gets ``block_mask(packed)`` (default: the
     boolean 4D mask HF sdpa takes) as its attention mask. Same values; the naive path is the reference."""
     turns = turn_spans(action_mask, sequences.shape[1], attention_mask)
-    offset = action_offset(sequences.shape[1], action_mask.shape[1])
     probes = plan_probes(turns, probe_tokens, max_turns)
-    position_ids = position_ids_for(attention_mask)
+    if not probes:
+        values = []
+    elif branch_pack:
+        rows, requests = probe_requests(sequences, attention_mask, probes)
+        out = run_requests(logits_fn, [[q] for q in requests], block_mask, rows_per_forward, sequences.device)
+        found = {p: v for row, (logits,) in zip(rows, out) for p, v in zip(row, probe_values(row, logits))}
+        values = [found[p] for p in probes]
+    else:
+        values = _naive_values(logits_fn, sequences, attention_mask, position_ids_for(attention_mask), probes,
+                               rows_per_forward)
+    return spread_rewards(turns, probes, values, action_mask, sequences.shape[1])
+
+
+def spread_rewards(turns: List[List[Turn]], probes: List[Probe], values: List[float], action_mask: torch.Tensor,
+                   length: int) -> Tuple[torch.Tensor, List[List[float]], Dict[str, float]]:
+    """``info_gain_rewards``' result from each probe's r_t: r_t / len(turn) on every action token of the turn."""
+    offset = action_offset(length, action_mask.shape[1])
     token_rewards = torch.zeros(action_mask.shape, dtype=torch.float32, device=action_mask.device)
     turn_rewards = [[0.0] * len(row_turns) for row_turns in turns]
     if not probes:
         return token_rewards, turn_rewards, {"cope/info_reward_mean": 0.0, "cope/info_turns_scored": 0}
-
-    if branch_pack:
-        values = _packed_values(logits_fn, sequences, attention_mask, probes, rows_per_forward, block_mask)
-    else:
-        values = _naive_values(logits_fn, sequences, attention_mask, position_ids, probes, rows_per_forward)
-
     for p, value in zip(probes, values):
         turn = turns[p.row][p.turn]
         turn_rewards[p.row][p.turn] = value
@@ -150,9 +160,12 @@ def _probe_columns(probes: List[Probe], shift: int = 0) -> torch.Tensor:
     return torch.cat([torch.arange(p.positions[0] - shift, p.positions[1] - shift) for p in probes])
 
 
-def _packed_values(logits_fn, sequences, attention_mask, probes, rows_per_forward, block_mask) -> List[float]:
-    """One packed row per trajectory: the trajectory up to its last probe (the real logits), then per probe a
-    branch of the P tokens ``[action_start - 1, action_start - 1 + P)`` seeing the trunk before the masked block.
+def probe_requests(sequences: torch.Tensor, attention_mask: torch.Tensor,
+                   probes: List[Probe]) -> Tuple[List[List[Probe]], List[RowRequest]]:
+    """Branch packing (``branches.run_requests``): per row with probes, its probes and its request: the trajectory
+    up to its last probe as trunk (the real logits), then per probe a branch of the P tokens
+    ``[action_start - 1, action_start - 1 + P)`` seeing the trunk before the masked block. Reads the probe columns
+    of the trunk, then of each branch (``probe_values``).
 
     The counterfactual hides ``[obs_start, obs_end - 1)``; every token from ``obs_end - 1`` on changes (it no
     longer sees the block), and those are exactly the branch's tokens up to the last probe. Tokens before
@@ -160,34 +173,27 @@ def _packed_values(logits_fn, sequences, attention_mask, probes, rows_per_forwar
     by_row: Dict[int, List[Probe]] = {}
     for p in probes:
         by_row.setdefault(p.row, []).append(p)
-    rows = sorted(by_row)
-    found: Dict[Probe, float] = {}
-    for c in range(0, len(rows), rows_per_forward):
-        chunk = rows[c : c + rows_per_forward]
-        trunks, branches, firsts = [], [], []
-        for row in chunk:
-            first, _ = contiguous_span(attention_mask[row])
-            tokens = sequences[row].tolist()
-            end = max(p.positions[1] for p in by_row[row])
-            trunks.append(tokens[first:end])
-            branches.append([
-                Branch(tokens[a:b], a - first, p.masked[0] - first) for p in by_row[row] for a, b in [p.positions]
-            ])
-            firsts.append(first)
-        packed = pack_rows(trunks, branches)
-        device = sequences.device
-        mask = block_mask(packed)
-        mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
-        columns = [_probe_columns(by_row[row], first) for row, first in zip(chunk, firsts)]  # the real logits
-        columns += [torch.arange(packed.column(i, j, 0), packed.column(i, j, 0) + p.positions[1] - p.positions[0])
-                    for i, row in enumerate(chunk) for j, p in enumerate(by_row[row])]  # the counterfactuals
-        keep, where = logit_columns(torch.cat(columns), packed.input_ids.shape[1])
-        logits = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device), keep.to(device))
-        for i, (row, first) in enumerate(zip(chunk, firsts)):
-            for j, p in enumerate(by_row[row]):
-                a, b = p.positions
-                start = packed.column(i, j, 0)
-                found[p] = float(probe_kl(logits[i, where[a - first : b - first]],
-                                          logits[i, where[start : start + b - a]]))
-        del logits
-    return [found[p] for p in probes]
+    rows, requests = [], []
+    for row in sorted(by_row):
+        first, _ = contiguous_span(attention_mask[row])
+        tokens, mine = sequences[row].tolist(), by_row[row]
+        end = max(p.positions[1] for p in mine)
+
+        def columns(starts: List[int], mine=mine, first=first) -> torch.Tensor:
+            widths = [p.positions[1] - p.positions[0] for p in mine]
+            return torch.cat([_probe_columns(mine, first)] + [torch.arange(s, s + w) for s, w in zip(starts, widths)])
+
+        rows.append(mine)
+        requests.append(RowRequest(tokens[first:end], [Branch(tokens[a:b], a - first, p.masked[0] - first)
+                                                       for p in mine for a, b in [p.positions]], columns))
+    return rows, requests
+
+
+def probe_values(probes: List[Probe], logits: torch.Tensor) -> List[float]:
+    """One row's r_t from its request's logits (``probe_requests``): real probe columns, then the branches'."""
+    values, at, half = [], 0, len(logits) // 2
+    for p in probes:
+        width = p.positions[1] - p.positions[0]
+        values.append(float(probe_kl(logits[at : at + width], logits[half + at : half + at + width])))
+        at += width
+    return values

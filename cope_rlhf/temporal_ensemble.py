@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.branches import BlockMaskFn, dense_mask, logit_columns
-from cope_rlhf.forecast import ForecastSample, pack_by_trajectory, sample_columns
+from cope_rlhf.branches import BlockMaskFn, Branch, RowRequest, dense_mask, run_requests
+from cope_rlhf.forecast import ForecastSample
 from cope_rlhf.turns import Turn
 
 TOP_M = 64
@@ -128,6 +128,25 @@ def member_logits(
     Per sample one forward of ``input_ids[:end]`` (the reference), or, with ``branch_pack``, the samples of
     ``rows_per_forward`` trajectories per forward as branches off them (``forecast.pack_by_trajectory``). Either
     way ``logits_fn`` is asked for the slot columns only (its ``keep``, see ``info_gain.LogitsFn``)."""
+    kept, cuts, trimmed = later_forecasts(samples)
+    if not branch_pack:
+        logits = []
+        for s, (first, end) in zip(kept, cuts):
+            ids = torch.tensor([s.input_ids[:end]], device=device)
+            out = logits_fn(ids, torch.ones_like(ids), torch.arange(end, device=device)[None],
+                            torch.arange(first, end, device=device))
+            logits.append(out[0].float().cpu())
+        return trimmed, logits
+    groups, requests = member_requests(kept, cuts)
+    out = run_requests(logits_fn, [[q] for q in requests], block_mask, rows_per_forward, device)
+    by_sample = {i: x for group, (row_logits,) in zip(groups, out) for i, x in zip(group, split_members(
+        [cuts[i] for i in group], row_logits))}
+    return trimmed, [by_sample[i] for i in range(len(kept))]
+
+
+def later_forecasts(samples: Sequence[ForecastSample]):
+    """The samples that forecast a later turn, their cut ``(first, end)`` around those slots, and the samples
+    trimmed to the cut (slots shifted to match)."""
     kept, cuts = [], []
     for s in samples:
         later = [slot for slot in s.slots if slot[0] > s.turn]
@@ -140,28 +159,37 @@ def member_logits(
         )
         for s, (first, end) in zip(kept, cuts)
     ]
-    logits: List[torch.Tensor] = [None] * len(kept)
-    if not branch_pack:
-        for i, (s, (first, end)) in enumerate(zip(kept, cuts)):
-            ids = torch.tensor([s.input_ids[:end]], device=device)
-            out = logits_fn(ids, torch.ones_like(ids), torch.arange(end, device=device)[None],
-                            torch.arange(first, end, device=device))
-            logits[i] = out[0].float().cpu()
-        return trimmed, logits
+    return kept, cuts, trimmed
+
+
+def member_requests(kept: Sequence[ForecastSample], cuts: Sequence[Tuple[int, int]]):
+    """Branch packing (``branches.run_requests``): per trajectory, the indices of its samples in ``kept`` and
+    its request: the longest of their prefixes as trunk, each sample's ``input_ids[prefix_len:end]`` as a branch
+    at positions ``prefix_len, ...``; reads each sample's ``[first, end)`` columns, sample after sample."""
     by_row: Dict[int, List[int]] = {}
     for i, s in enumerate(kept):
         by_row.setdefault(s.row, []).append(i)
-    groups = list(by_row.values())
-    for c in range(0, len(groups), rows_per_forward):
-        chunk = [i for group in groups[c : c + rows_per_forward] for i in group]
-        packed, places = pack_by_trajectory([kept[i] for i in chunk], [cuts[i][1] for i in chunk])
-        mask = block_mask(packed)
-        mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
-        columns = [sample_columns(packed, place, kept[i].prefix_len, torch.arange(*cuts[i]))
-                   for i, place in zip(chunk, places)]
-        keep, where = logit_columns(torch.cat(columns), packed.input_ids.shape[1])
-        out = logits_fn(packed.input_ids.to(device), mask, packed.position_ids.to(device), keep.to(device))
-        for i, place, cols in zip(chunk, places, columns):
-            logits[i] = out[place[0], where[cols].to(out.device)].float().cpu()
-        del out
-    return trimmed, logits
+    groups, requests = list(by_row.values()), []
+    for group in groups:
+        mine = [kept[i] for i in group]
+        longest = max(mine, key=lambda s: s.prefix_len)
+        trunk = longest.input_ids[: longest.prefix_len]
+        for s in mine:
+            if s.input_ids[: s.prefix_len] != trunk[: s.prefix_len]:
+                raise ValueError(f"forecast samples of trajectory {s.row} do not share its tokens "
+                                 "(input_ids[:prefix_len]); give each trajectory its own row number")
+        ends = [cuts[i][1] for i in group]
+
+        def columns(starts: List[int], mine=mine, spans=[cuts[i] for i in group]) -> torch.Tensor:
+            js = [torch.arange(first, end) for first, end in spans]
+            return torch.cat([torch.where(j < s.prefix_len, j, start + j - s.prefix_len)
+                              for j, s, start in zip(js, mine, starts)])
+
+        requests.append(RowRequest(trunk, [Branch(s.input_ids[s.prefix_len : max(end, s.prefix_len)], s.prefix_len,
+                                                  s.prefix_len) for s, end in zip(mine, ends)], columns))
+    return groups, requests
+
+
+def split_members(cuts: Sequence[Tuple[int, int]], logits: torch.Tensor) -> List[torch.Tensor]:
+    """One trajectory's logits from its request (``member_requests``) cut back into its samples' (cpu, float32)."""
+    return list(logits.float().cpu().split([end - first for first, end in cuts]))

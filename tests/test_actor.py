@@ -312,6 +312,31 @@ def test_branch_pack_info_gain_and_te_members_equal_per_turn(batch, model_dir, t
     torch.testing.assert_close(got, off.cope_info_gain(batch.sequences, holey, batch.action_mask)[0], atol=0, rtol=0)
 
 
+def test_frozen_signals_share_one_packed_row_per_trajectory(batch, model_dir, tok):
+    """Info gain and TE members together: the same values as the two methods apart, from one forward (the four
+    trajectories in one packed batch) instead of one for info gain plus one per trajectory for TE."""
+    holder, dims = methods_holder(model_dir, cli_args())
+    rows = unpadded_trajectories([batch])
+    samples = [build_forecast_samples(*rows[p], tok, CoPEConfig().action_forecast_k, row=p) for p in batch.index]
+    trajectories = [rows[p] for p in batch.index]
+    inputs = (batch.sequences, batch.attention_mask, batch.action_mask)
+    (gain, gain_metrics), members = holder.cope_frozen_signals(*inputs, samples, trajectories)
+    assert len(dims) == 1 and {d for d, _ in dims} == {4}
+    dims.clear()
+    want_gain, want_metrics = holder.cope_info_gain(*inputs)
+    torch.testing.assert_close(gain, want_gain, atol=1e-5, rtol=0)
+    assert gain_metrics == pytest.approx(want_metrics, abs=1e-5) and want_gain.abs().max() > 1e-3
+    for (got, got_metrics), s, t in zip(members, samples, trajectories):
+        want, want_metrics = holder.cope_te_members(s, *t)
+        assert got_metrics == want_metrics and torch.equal(got["positions"], want["positions"])
+        assert torch.equal(got["ids"], want["ids"]) and torch.equal(got["valid"], want["valid"])
+        torch.testing.assert_close(got["probs"], want["probs"], atol=1e-5, rtol=0)
+    assert len(dims) == 1 + len(batch.index)  # apart: info gain's forward, then one per trajectory
+    assert sum(len(m["positions"]) for m, _ in members) > 0
+    alone, none = holder.cope_frozen_signals(*inputs)  # info gain only: cope_info_gain itself
+    assert none is None and torch.equal(alone[0], want_gain)
+
+
 class AccumulatingStrategy(StandInStrategy):
     """Stand-in for DeepSpeed's gradient accumulation (which needs CUDA here): backward scales the loss by
     1/gas, the optimizer steps on every gas-th ``optimizer_step`` call."""
