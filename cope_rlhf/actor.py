@@ -28,7 +28,8 @@ optimizer step:
 
 N_target is summed over all data-parallel ranks; every rank runs the same number of micro-batches.
 
-Remote methods for the experience maker (no gradient, pre-update weights): ``cope_info_gain`` (per-token
+Remote methods for the experience maker (no gradient, pre-update weights): ``cope_frozen_signals`` (what the
+maker calls: both of the next two, branch-packed on shared rows when both are on), ``cope_info_gain`` (per-token
 intrinsic reward of the masked-feedback counterfactual) and ``cope_te_members`` (top-M forecast members).
 All logits here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does.
 

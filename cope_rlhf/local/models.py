@@ -8,8 +8,8 @@ PPO update all use the same model object, and the only weight transfer is into t
 
 ``LocalModel`` holds OpenRLHF's own ``Actor`` wrapper (log-probs of the action tokens, the rollout temperature
 applied to the logits) and answers the calls a ``PolicyModelActor`` / ``ReferenceModelActor`` answers:
-``forward`` (no gradient, eval mode, results on the CPU), ``empty_cache``, and CoPE's ``cope_info_gain`` /
-``cope_te_members`` (``CoPEActorMethods``, the code the cluster's policy actor runs).
+``forward`` (no gradient, eval mode, results on the CPU), ``empty_cache``, and CoPE's ``cope_frozen_signals``
+(``CoPEActorMethods``, the code the cluster's policy actor runs).
 """
 
 from __future__ import annotations
