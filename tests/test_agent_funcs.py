@@ -24,7 +24,6 @@ from agent_funcs.base import INVALID_ACTION, TurnLimit, parse_react_action
 from tests.agent_funcs_stack import (AGENT_ENV_VARS, GatewayProcess, ScriptedEngine, expert_rollout, load_agent_func,
                                      react, run_episode, server_module_exists)
 from tests.env_server_proc import EnvServerProcess, call, free_port, venv_python
-from tests.tiny_hf import tiny_tokenizer
 
 # env -> (item id, server args): short expert episodes, so the module stays fast
 ENVS = {
@@ -43,11 +42,6 @@ def require_env(name: str) -> None:
         pytest.skip(f"env_gateway/servers/{name}.py is not there yet: the {name} agent func needs its server")
     if not os.path.exists(venv_python(name)):
         pytest.skip(f".venvs/{name} is missing: run `bash scripts/setup_env.sh {name}` to test the {name} agent func")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module", params=list(ENVS))

@@ -17,7 +17,7 @@ from cope_rlhf.forecast import build_forecast_samples, forecast_loss, pack_forec
 from cope_rlhf.info_gain import info_gain_rewards, plan_probes
 from cope_rlhf.temporal_ensemble import collect_members, member_logits
 from cope_rlhf.turns import turn_spans, unpadded_trajectories
-from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, tiny_tokenizer, to_experience
+from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, to_experience
 
 P = 6
 ACTIONS = ["Action:\nlook around", "Thought:\nThe key is on the table.\n\nAction:\npick up key", "Action:\nopen door",
@@ -32,16 +32,6 @@ def episode(tok, turns: int, seed: int, max_len: int = 4096) -> Experience:
     observations = [rng.choice(OBSERVATIONS) for _ in range(turns + 1)]
     actions = [rng.choice(ACTIONS) for _ in range(turns)]
     return to_experience(agent_response(tok, observations, actions), max_len=max_len)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_model(len(tok))
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from cope_rlhf.temporal_ensemble import collect_members
 from cope_rlhf.turns import turn_spans
 from tests.conftest import ROOT
 from tests.ray_cpu_groups import StandInStrategy, cpu_groups, load_actor
-from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
+from tests.tiny_hf import agent_response, tiny_model, to_experience
 
 N = 4  # samples per prompt
 KL_COEF = 0.01
@@ -49,11 +49,6 @@ def cli_args(*argv: str) -> SimpleNamespace:
             "--rollout.micro_batch_size", "4", "--algo.kl.init_coef", str(KL_COEF),
             "--train.agent_func_path", "agent.py"]
     return hierarchize(build_parser().parse_args(base + list(argv)))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from cope_rlhf.forecast import (
     trajectory_gate,
 )
 from cope_rlhf.turns import turn_spans
-from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
+from tests.tiny_hf import agent_response, tiny_model, to_experience
 
 OBS = ["Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens.", "Done."]
 ACTS = ["Thought:\nlook.\n\nAction:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door",
@@ -25,11 +25,6 @@ PLAN = (
     "Plan ahead: list the next {k} actions you will take, starting with the action you take right now, "
     "one action per line"
 )
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

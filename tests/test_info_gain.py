@@ -7,19 +7,9 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 
 from cope_rlhf.info_gain import info_gain_rewards, plan_probes, position_ids_for
 from cope_rlhf.turns import turn_spans
-from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, tiny_tokenizer, to_experience
+from tests.tiny_hf import agent_response, hf_logits_fn, to_experience
 
 P = 4
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_model(len(tok))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import torch
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
-from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
+from tests.tiny_hf import agent_response, tiny_model, to_experience
 
 N = 4
 EPISODES = [
@@ -29,11 +29,6 @@ EPISODES = [
 ]
 # Prompt groups: mixed, all failed (degenerate), mixed.
 REWARDS = [0.9, 0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.8, 0.8, 0.1]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
