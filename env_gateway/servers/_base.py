@@ -148,6 +148,13 @@ class EnvServer:
             raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: create one with POST /create")
         return env_id, self.instances[env_id]
 
+    def reset_instance(self, raw_id: Any) -> tuple[int, Instance]:
+        """``instance``, and 409 unless it has been reset (the expert and the like need an episode)."""
+        env_id, inst = self.instance(raw_id)
+        if inst.data_idx is None:
+            raise RequestError(409, "not_reset", f"instance {env_id} has not been reset: POST /reset first")
+        return env_id, inst
+
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "env": self.name, "instances": len(self.instances),
                                   "max_instances": self.max_instances})
@@ -196,9 +203,7 @@ class EnvServer:
         return web.json_response({"observation": obs})
 
     async def handle_expert(self, request: web.Request) -> web.Response:
-        env_id, inst = self.instance(request.query.get("id"))
-        if inst.data_idx is None:
-            raise RequestError(409, "not_reset", f"instance {env_id} has not been reset: POST /reset first")
+        _, inst = self.reset_instance(request.query.get("id"))
         async with inst.lock:
             action = await self.run_blocking(self.expert_action, inst.env)
         return web.json_response({"action": action})

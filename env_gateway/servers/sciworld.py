@@ -230,9 +230,7 @@ class SciWorldServer(EnvServer):
         return gold[episode.gold_pos]
 
     async def handle_valid_actions(self, request: web.Request) -> web.Response:
-        env_id, inst = self.instance(request.query.get("id"))
-        if inst.data_idx is None:
-            raise RequestError(409, "not_reset", f"instance {env_id} has not been reset: POST /reset first")
+        _, inst = self.reset_instance(request.query.get("id"))
         async with inst.lock:
             actions = await self.run_blocking(self.valid_actions, inst.env)
         return web.json_response({"valid_actions": actions})
