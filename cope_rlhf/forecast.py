@@ -258,23 +258,22 @@ def forecast_nll(
     return coef * (weights.float().unsqueeze(1) * token_nll * mask).sum() / total
 
 
-def pack_by_trajectory(
+def trajectory_branches(
     samples: Sequence[ForecastSample], ends: Optional[Sequence[int]] = None
-) -> Tuple[PackedRows, List[Tuple[int, int]]]:
-    """Branch packing of forecast samples: one row per trajectory (``sample.row``), whose trunk is the longest
-    ``input_ids[:prefix_len]`` among its samples (the trajectory's own tokens), and whose branches are each
-    sample's ``input_ids[prefix_len:end]`` at positions ``prefix_len, ...``, seeing the trunk's first
-    ``prefix_len`` tokens. ``ends[i]`` cuts sample i (default: its length). Returns the rows and, per sample,
-    its (row, branch)."""
+) -> List[Tuple[List[int], List[int], List[Branch]]]:
+    """Branch packing of forecast samples, per trajectory (``sample.row``): the indices of its samples, its trunk
+    (the longest ``input_ids[:prefix_len]`` among them, the trajectory's own tokens) and one branch per sample,
+    ``input_ids[prefix_len:end]`` at positions ``prefix_len, ...``, seeing the trunk's first ``prefix_len``
+    tokens. ``ends[i]`` cuts sample i (default: its length)."""
     groups: Dict[int, List[int]] = {}
     for i, s in enumerate(samples):
         groups.setdefault(s.row, []).append(i)
-    trunks, branches, places = [], [], [None] * len(samples)
-    for r, members in enumerate(groups.values()):
+    out = []
+    for members in groups.values():
         longest = max(members, key=lambda i: samples[i].prefix_len)
         trunk = samples[longest].input_ids[: samples[longest].prefix_len]
-        row_branches = []
-        for b, i in enumerate(members):
+        branches = []
+        for i in members:
             s = samples[i]
             if s.input_ids[: s.prefix_len] != trunk[: s.prefix_len]:
                 raise ValueError(
@@ -282,17 +281,15 @@ def pack_by_trajectory(
                     "give each trajectory its own row number"
                 )
             end = len(s.input_ids) if ends is None else ends[i]
-            row_branches.append(Branch(s.input_ids[s.prefix_len : max(end, s.prefix_len)], s.prefix_len, s.prefix_len))
-            places[i] = (r, b)
-        trunks.append(trunk)
-        branches.append(row_branches)
-    return pack_rows(trunks, branches), places
+            branches.append(Branch(s.input_ids[s.prefix_len : max(end, s.prefix_len)], s.prefix_len, s.prefix_len))
+        out.append((members, trunk, branches))
+    return out
 
 
-def sample_columns(packed: PackedRows, place: Tuple[int, int], prefix_len: int, js: torch.Tensor) -> torch.Tensor:
-    """Columns of a packed row holding positions ``js`` of a sample (its prefix is the trunk's start)."""
-    row, branch = place
-    return torch.where(js < prefix_len, js, packed.column(row, branch, 0) + js - prefix_len)
+def branch_columns(start: int, prefix_len: int, js: torch.Tensor) -> torch.Tensor:
+    """Columns holding positions ``js`` of a sample whose branch starts at column ``start`` (its prefix is the
+    trunk's start)."""
+    return torch.where(js < prefix_len, js, start + js - prefix_len)
 
 
 @dataclass
@@ -304,14 +301,18 @@ class PackedForecast:
 
 
 def pack_forecast_samples(samples: Sequence[ForecastSample]) -> PackedForecast:
-    """Forecast samples as branches off their trajectories (``pack_by_trajectory``), with every target token's
-    label, weight and the place of the logits that predict it."""
-    rows, places = pack_by_trajectory(samples)
+    """Forecast samples as branches off their trajectories (``trajectory_branches``), one packed row per
+    trajectory, with every target token's label, weight and the place of the logits that predict it."""
+    groups = trajectory_branches(samples)
+    rows = pack_rows([trunk for _, trunk, _ in groups], [branches for _, _, branches in groups])
+    places = {i: (r, b) for r, (members, _, _) in enumerate(groups) for b, i in enumerate(members)}
     index, labels, weights = [], [], []
-    for s, place in zip(samples, places):
+    for i, s in enumerate(samples):
+        row, branch = places[i]
         mask = torch.as_tensor(s.loss_mask[1:], dtype=torch.bool)
         js = mask.nonzero().flatten()  # logits at j predict input_ids[j + 1]
-        index.append(torch.stack([torch.full_like(js, place[0]), sample_columns(rows, place, s.prefix_len, js)], 1))
+        columns = branch_columns(rows.column(row, branch, 0), s.prefix_len, js)
+        index.append(torch.stack([torch.full_like(js, row), columns], 1))
         labels.append(torch.as_tensor(s.input_ids[1:], dtype=torch.long)[mask])
         weights.append(torch.full((len(js),), float(s.weight)))
     cat = lambda parts, **kw: torch.cat(parts) if parts else torch.zeros((0,), **kw)  # noqa: E731

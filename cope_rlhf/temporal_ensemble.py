@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.branches import BlockMaskFn, Branch, RowRequest, dense_mask, run_requests
-from cope_rlhf.forecast import ForecastSample
+from cope_rlhf.branches import BlockMaskFn, RowRequest, dense_mask, run_requests
+from cope_rlhf.forecast import ForecastSample, branch_columns, trajectory_branches
 from cope_rlhf.turns import Turn
 
 TOP_M = 64
@@ -126,7 +126,7 @@ def member_logits(
     ``[first, end)`` around its later slots (slots shifted to match), and their logits there (cpu, float32).
 
     Per sample one forward of ``input_ids[:end]`` (the reference), or, with ``branch_pack``, the samples of
-    ``rows_per_forward`` trajectories per forward as branches off them (``forecast.pack_by_trajectory``). Either
+    ``rows_per_forward`` trajectories per forward as branches off them (``forecast.trajectory_branches``). Either
     way ``logits_fn`` is asked for the slot columns only (its ``keep``, see ``info_gain.LogitsFn``)."""
     kept, cuts, trimmed = later_forecasts(samples)
     if not branch_pack:
@@ -166,27 +166,15 @@ def member_requests(kept: Sequence[ForecastSample], cuts: Sequence[Tuple[int, in
     """Branch packing (``branches.run_requests``): per trajectory, the indices of its samples in ``kept`` and
     its request: the longest of their prefixes as trunk, each sample's ``input_ids[prefix_len:end]`` as a branch
     at positions ``prefix_len, ...``; reads each sample's ``[first, end)`` columns, sample after sample."""
-    by_row: Dict[int, List[int]] = {}
-    for i, s in enumerate(kept):
-        by_row.setdefault(s.row, []).append(i)
-    groups, requests = list(by_row.values()), []
-    for group in groups:
-        mine = [kept[i] for i in group]
-        longest = max(mine, key=lambda s: s.prefix_len)
-        trunk = longest.input_ids[: longest.prefix_len]
-        for s in mine:
-            if s.input_ids[: s.prefix_len] != trunk[: s.prefix_len]:
-                raise ValueError(f"forecast samples of trajectory {s.row} do not share its tokens "
-                                 "(input_ids[:prefix_len]); give each trajectory its own row number")
-        ends = [cuts[i][1] for i in group]
+    groups, requests = [], []
+    for members, trunk, branches in trajectory_branches(kept, [end for _, end in cuts]):
 
-        def columns(starts: List[int], mine=mine, spans=[cuts[i] for i in group]) -> torch.Tensor:
-            js = [torch.arange(first, end) for first, end in spans]
-            return torch.cat([torch.where(j < s.prefix_len, j, start + j - s.prefix_len)
-                              for j, s, start in zip(js, mine, starts)])
+        def columns(starts: List[int], members=members) -> torch.Tensor:
+            return torch.cat([branch_columns(start, kept[i].prefix_len, torch.arange(*cuts[i]))
+                              for i, start in zip(members, starts)])
 
-        requests.append(RowRequest(trunk, [Branch(s.input_ids[s.prefix_len : max(end, s.prefix_len)], s.prefix_len,
-                                                  s.prefix_len) for s, end in zip(mine, ends)], columns))
+        groups.append(members)
+        requests.append(RowRequest(trunk, branches, columns))
     return groups, requests
 
 
