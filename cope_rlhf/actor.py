@@ -105,13 +105,10 @@ class CoPEActorMethods:
         """(per-token intrinsic reward (B, A) on CPU, metrics) for one batch."""
         config = CoPEConfig.from_args(self.strategy.args)
         pack = self._cope_branch_pack(config)
-        if pack:
-            try:
-                for row in attention_mask:
-                    contiguous_span(row)
-            except ValueError as error:
-                logger.warning("info gain: per-turn path for this batch (same values, one forward per turn): %s", error)
-                pack = False
+        holes = pack and _row_holes(attention_mask)
+        if holes:
+            logger.warning("info gain: per-turn path for this batch (same values, one forward per turn): %s", holes)
+            pack = False
         was_training = self.actor.training
         self.actor.eval()
         try:
@@ -149,12 +146,8 @@ class CoPEActorMethods:
         With both on and branch packing, a trajectory's probes and its forecast samples share one packed row
         (``branches.run_requests``): its trunk runs once for the two. Otherwise the two methods run in turn."""
         config = CoPEConfig.from_args(self.strategy.args)
-        fused = info_gain and samples is not None and self._cope_branch_pack(config)
-        try:
-            for row in attention_mask if fused else ():
-                contiguous_span(row)
-        except ValueError:  # cope_info_gain warns and takes its per-turn path
-            fused = False
+        # rows with holes: cope_info_gain warns and takes its per-turn path
+        fused = info_gain and samples is not None and self._cope_branch_pack(config) and not _row_holes(attention_mask)
         if not fused:
             gain = self.cope_info_gain(sequences, attention_mask, action_mask) if info_gain else None
             members = None if samples is None else [self.cope_te_members(s, *t) for s, t in zip(samples, trajectories)]
@@ -189,6 +182,16 @@ class CoPEActorMethods:
             logits = split_members(cuts, out[i][-1]) if trimmed else []
             members.append(_members(trimmed, logits, tokens, row_turns))
         return (rewards.cpu(), metrics), members
+
+
+def _row_holes(attention_mask: torch.Tensor) -> Optional[str]:
+    """Why the rows cannot be branch-packed (a row's attention mask has holes), or None."""
+    try:
+        for row in attention_mask:
+            contiguous_span(row)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _members(trimmed: List[ForecastSample], logits: List[torch.Tensor], tokens: List[int], turns: List[Turn]):
