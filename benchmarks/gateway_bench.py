@@ -8,16 +8,22 @@ episodes (create, reset, S steps, close), it measures episodes/s and p50/p99 ste
   (b) direct    our client's transport (one keep-alive aiohttp session per loop) straight to the backend
   (c) requests  a thread pool of blocking `requests.post` calls, a new connection each (AgentGym-RL's rollout)
   (d) fresh     a fresh aiohttp.ClientSession per request (OpenRLHF's reward-function example)
+  (e) bare      our GatewayClient through benchmarks/bare_proxy.py: the gateway's request path without any of its
+                guarantees (admission control, deadlines, failure handling, metrics), i.e. what those cost
 
 Every cell first runs one untimed episode per concurrent worker (each method opens its connections and warms its
 code paths), then times max(waves x concurrency, min-episodes) episodes. Every observation is checked against the
 episode's item (no cross-talk), and the backend's own counts of
 create/reset/step/close calls must equal what the clients sent (no request lost or duplicated). Prints the
 table (with the CPU time each process spent per request, which other load on the machine does not skew),
-the ratios a/c and a/b, and the gateway-added latency: the gateway's own p50 (its
+the ratios a/c, a/b, a/d and a/e, and the gateway-added latency: the gateway's own p50 (its
 cope_gateway_overhead_seconds histogram) and the client-seen difference p50(a) - p50(b).
 
+With ``--repeats R`` every cell runs R times, the methods interleaved (a b c d, a b c d, ...), so slow spells of
+the machine hit every method alike; the ratios are then the median over the R paired runs, with their range.
+
     .venv/bin/python benchmarks/gateway_bench.py [--waves 2] [--concurrency 1 64 256 1024] [--delays 0 0.005]
+                                                 [--repeats 1]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import asyncio
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -158,7 +165,7 @@ async def run_async(method: str, conc: int, episodes: int, steps: int, backend: 
 
     async def worker(ep: Episodes) -> None:
         while ep.take():
-            if method == "gateway":
+            if method in ("gateway", "bare"):
                 await episode_gateway(client, ep, steps)
             elif method == "direct":
                 await episode_direct(direct.http(), backend, ep, steps)
@@ -235,13 +242,17 @@ def histogram_p50(before: dict[float, float], after: dict[float, float]) -> floa
 
 
 class GatewayProc:
-    def __init__(self, backend: str):
+    """The gateway (python -m env_gateway), or with ``bare`` the reference proxy, in its own process."""
+
+    def __init__(self, backend: str, bare: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "env_gateway", "--port", str(self.port), "--env", f"bench:agentgym={backend}",
-             "--max-concurrency", "100000", "--max-sessions", "100000", "--max-queue", "100000",
-             "--log-level", "WARNING"], cwd=ROOT)
+        argv = ([os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", str(self.port), "--backend", backend]
+                if bare else
+                ["-m", "env_gateway", "--port", str(self.port), "--env", f"bench:agentgym={backend}",
+                 "--max-concurrency", "100000", "--max-sessions", "100000", "--max-queue", "100000",
+                 "--log-level", "WARNING"])
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT)
         for _ in range(300):
             try:
                 fetch(self.url + "/v1/health")
@@ -263,82 +274,95 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="steps per episode")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256, 1024])
     p.add_argument("--delays", type=float, nargs="+", default=[0.0, 0.005], help="backend work per call (s)")
-    p.add_argument("--methods", nargs="+", default=["gateway", "direct", "requests", "fresh"],
-                   choices=["gateway", "direct", "requests", "fresh"])
+    p.add_argument("--methods", nargs="+", default=["gateway", "direct", "requests", "fresh", "bare"],
+                   choices=["gateway", "direct", "requests", "fresh", "bare"])
+    p.add_argument("--repeats", type=int, default=1, help="runs of every cell, the methods interleaved; ratios are "
+                   "the median over the paired runs")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
     rows = []
-    cells = [(d, c, m) for d in args.delays for c in args.concurrency for m in args.methods]
+    cells = [(d, c, r, m) for d in args.delays for c in args.concurrency for r in range(args.repeats)
+             for m in args.methods]
     bar = tqdm(total=len(cells), desc="cells")
     for delay in args.delays:
         with FakeBackendProcess("--delay", str(delay), "--episode-len", str(args.steps)) as backend:
-            gw = GatewayProc(backend.url)
+            gw, bare = GatewayProc(backend.url), GatewayProc(backend.url, bare=True)
             try:
-                for conc in args.concurrency:
-                    for method in args.methods:
-                        bar.set_postfix_str(f"delay={delay * 1000:g}ms conc={conc} {method}")
-                        mark = {}
+                for conc, rep, method in itertools.product(args.concurrency, range(args.repeats), args.methods):
+                    bar.set_postfix_str(f"delay={delay * 1000:g}ms conc={conc} run {rep + 1} {method}")
+                    mark = {}
+                    proxy = bare if method == "bare" else gw  # the "gateway" CPU column: the process in between
 
-                        def start() -> None:  # after the warm-up: the timed part starts here
-                            mark["before"] = backend.stats()
-                            mark["hist0"] = overhead_buckets(gw.url) if method == "gateway" else None
-                            mark["cpu0"] = [cpu_seconds(), cpu_seconds(gw.proc.pid), cpu_seconds(backend.proc.pid)]
-                            mark["t0"] = time.perf_counter()
+                    def start() -> None:  # after the warm-up: the timed part starts here
+                        mark["before"] = backend.stats()
+                        mark["hist0"] = overhead_buckets(gw.url) if method == "gateway" else None
+                        mark["cpu0"] = [cpu_seconds(), cpu_seconds(proxy.proc.pid), cpu_seconds(backend.proc.pid)]
+                        mark["t0"] = time.perf_counter()
 
-                        n = max(int(args.waves * conc), args.min_episodes)
-                        if method == "requests":
-                            ep = run_threads(conc, n, args.steps, backend.url, start)
-                        else:
-                            ep = asyncio.run(run_async(method, conc, n, args.steps, backend.url, gw.url, start))
-                        elapsed = time.perf_counter() - mark["t0"]
-                        cpu = [b - a for a, b in zip(mark["cpu0"], [cpu_seconds(), cpu_seconds(gw.proc.pid),
-                                                                    cpu_seconds(backend.proc.pid)])]
-                        before, hist0 = mark["before"], mark["hist0"]
-                        after = backend.stats()
-                        sent = {k: after[k] - before[k] for k in ("create", "reset", "step", "close")}
-                        want = {"create": ep.done, "reset": ep.done, "step": ep.done * args.steps, "close": ep.done}
-                        if sent != want or len(ep.lat) != ep.done * args.steps:
-                            raise AssertionError(f"{method} conc={conc}: backend saw {sent}, clients sent {want}")
-                        row = {"delay_ms": delay * 1000, "conc": conc, "method": method, "episodes": ep.done,
-                               "eps_per_s": ep.done / elapsed, "p50_ms": 1000 * percentile(ep.lat, 0.5),
-                               "p99_ms": 1000 * percentile(ep.lat, 0.99), "lost_or_dup": 0,
-                               # CPU per backend request (create, reset, steps, close), by process
-                               "cpu_us": [1e6 * c / sum(sent.values()) for c in cpu]}
-                        if hist0 is not None:
-                            row["gw_overhead_p50_ms"] = 1000 * histogram_p50(hist0, overhead_buckets(gw.url))
-                        rows.append(row)
-                        bar.update()
+                    n = max(int(args.waves * conc), args.min_episodes)
+                    if method == "requests":
+                        ep = run_threads(conc, n, args.steps, backend.url, start)
+                    else:
+                        ep = asyncio.run(run_async(method, conc, n, args.steps, backend.url, proxy.url, start))
+                    elapsed = time.perf_counter() - mark["t0"]
+                    cpu = [b - a for a, b in zip(mark["cpu0"], [cpu_seconds(), cpu_seconds(proxy.proc.pid),
+                                                                cpu_seconds(backend.proc.pid)])]
+                    before, hist0 = mark["before"], mark["hist0"]
+                    after = backend.stats()
+                    sent = {k: after[k] - before[k] for k in ("create", "reset", "step", "close")}
+                    want = {"create": ep.done, "reset": ep.done, "step": ep.done * args.steps, "close": ep.done}
+                    if sent != want or len(ep.lat) != ep.done * args.steps:
+                        raise AssertionError(f"{method} conc={conc}: backend saw {sent}, clients sent {want}")
+                    row = {"delay_ms": delay * 1000, "conc": conc, "rep": rep, "method": method, "episodes": ep.done,
+                           "eps_per_s": ep.done / elapsed, "p50_ms": 1000 * percentile(ep.lat, 0.5),
+                           "p99_ms": 1000 * percentile(ep.lat, 0.99), "lost_or_dup": 0,
+                           # CPU per backend request (create, reset, steps, close), by process
+                           "cpu_us": [1e6 * c / sum(sent.values()) for c in cpu]}
+                    if hist0 is not None:
+                        row["gw_overhead_p50_ms"] = 1000 * histogram_p50(hist0, overhead_buckets(gw.url))
+                    rows.append(row)
+                    bar.update()
             finally:
                 gw.stop()
+                bare.stop()
     bar.close()
 
     print(f"\n{args.steps}-step episodes; max({args.waves:g} x concurrency, {args.min_episodes}) episodes per cell; "
           f"{os.cpu_count()} CPUs; backend: one aiohttp process (fake AgentGym server); gateway: its own process\n")
     print("CPU us/request: CPU time of each process per backend request (load-independent; the bench process "
           "is the client, and (c)'s threads and (d)'s sessions are in it too)\n")
-    print(f"{'backend':>8} {'conc':>5} {'method':>9} {'episodes':>8} {'eps/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'CPU us/req: client':>18} {'gateway':>7} {'backend':>7} {'gw-added p50 ms':>15}")
+    print(f"{'backend':>8} {'conc':>5} {'run':>3} {'method':>9} {'episodes':>8} {'eps/s':>8} {'p50 ms':>8} "
+          f"{'p99 ms':>8} {'CPU us/req: client':>18} {'gateway':>7} {'backend':>7} {'gw-added p50 ms':>15}")
     for r in rows:
         extra = f"{r['gw_overhead_p50_ms']:15.3f}" if "gw_overhead_p50_ms" in r else ""
         client, gw_cpu, backend_cpu = r["cpu_us"]
-        print(f"{r['delay_ms']:>6g}ms {r['conc']:>5} {r['method']:>9} {r['episodes']:>8} {r['eps_per_s']:>8.1f} "
-              f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {client:>18.0f} {gw_cpu:>7.0f} {backend_cpu:>7.0f} {extra}")
-    print("\nratios of episodes/s (gateway vs the others) and client-seen gateway-added p50:")
-    by = {(r["delay_ms"], r["conc"], r["method"]): r for r in rows}
+        print(f"{r['delay_ms']:>6g}ms {r['conc']:>5} {r['rep'] + 1:>3} {r['method']:>9} {r['episodes']:>8} "
+              f"{r['eps_per_s']:>8.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {client:>18.0f} {gw_cpu:>7.0f} "
+              f"{backend_cpu:>7.0f} {extra}")
+    runs = "" if args.repeats == 1 else f" (median over {args.repeats} paired runs [min-max])"
+    print(f"\nratios of episodes/s (gateway vs the others) and client-seen gateway-added p50{runs}:")
+    by = {(r["delay_ms"], r["conc"], r["rep"], r["method"]): r for r in rows}
+
+    def paired(delay_ms: float, conc: int, other: str, value: Callable[[dict, dict], float]) -> str:
+        vals = sorted(value(by[delay_ms, conc, rep, "gateway"], by[delay_ms, conc, rep, other])
+                      for rep in range(args.repeats) if (delay_ms, conc, rep, other) in by)
+        if not vals:
+            return ""
+        return f"{statistics.median(vals):.2f}" + (f" [{vals[0]:.2f}-{vals[-1]:.2f}]" if len(vals) > 1 else "")
+
     for delay in args.delays:
         for conc in args.concurrency:
-            a = by.get((delay * 1000, conc, "gateway"))
-            if not a:
+            if (delay * 1000, conc, 0, "gateway") not in by:
                 continue
             parts = [f"{delay * 1000:>4g}ms conc={conc:>4}:"]
-            for m, label in (("requests", "a/c"), ("direct", "a/b"), ("fresh", "a/d")):
-                o = by.get((delay * 1000, conc, m))
-                if o:
-                    parts.append(f"{label} = {a['eps_per_s'] / o['eps_per_s']:.2f}x")
-            b = by.get((delay * 1000, conc, "direct"))
-            if b:
-                parts.append(f"p50(a)-p50(b) = {a['p50_ms'] - b['p50_ms']:.3f} ms")
+            for m, label in (("requests", "a/c"), ("direct", "a/b"), ("fresh", "a/d"), ("bare", "a/e")):
+                ratio = paired(delay * 1000, conc, m, lambda a, o: a["eps_per_s"] / o["eps_per_s"])
+                if ratio:
+                    parts.append(f"{label} = {ratio}x")
+            added = paired(delay * 1000, conc, "direct", lambda a, o: a["p50_ms"] - o["p50_ms"])
+            if added:
+                parts.append(f"p50(a)-p50(b) = {added} ms")
             print("  ".join(parts))
     print("\nno request lost or duplicated: backend call counts equal the clients' in every cell")
     if args.json:
