@@ -21,8 +21,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 # From 10 us: the gateway's own time per request is tens of microseconds, and with 100 us as the first bound
 # its p50 could only be read as "under 100 us".
-LATENCY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.000075, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LATENCY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.000075, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005,
+                   0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class _LiveState:
