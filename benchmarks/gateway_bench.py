@@ -19,7 +19,7 @@ table (with the CPU time each process spent per request, which other load on the
 the ratios a/c, a/b, a/d and a/e, and the gateway-added latency: the gateway's own p50 (its
 cope_gateway_overhead_seconds histogram) and the client-seen difference p50(a) - p50(b).
 
-With ``--repeats R`` every cell runs R times, the methods interleaved (a b c d, a b c d, ...), so slow spells of
+With ``--repeats R`` every cell runs R times, the methods interleaved (a b c d e, a b c d e, ...), so slow spells of
 the machine hit every method alike; the ratios are then the median over the R paired runs, with their range.
 
     .venv/bin/python benchmarks/gateway_bench.py [--waves 2] [--concurrency 1 64 256 1024] [--delays 0 0.005]
@@ -54,6 +54,7 @@ from env_gateway.client import GatewayClient  # noqa: E402
 from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, free_port, observation_text  # noqa: E402
 
 TIMEOUT = 120.0
+METHODS = ("gateway", "direct", "requests", "fresh", "bare")
 
 
 def expected_obs(item: int, t: int, steps: int) -> str:
@@ -274,8 +275,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="steps per episode")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256, 1024])
     p.add_argument("--delays", type=float, nargs="+", default=[0.0, 0.005], help="backend work per call (s)")
-    p.add_argument("--methods", nargs="+", default=["gateway", "direct", "requests", "fresh", "bare"],
-                   choices=["gateway", "direct", "requests", "fresh", "bare"])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--repeats", type=int, default=1, help="runs of every cell, the methods interleaved; ratios are "
                    "the median over the paired runs")
     p.add_argument("--json", help="also write the results here")
@@ -287,7 +287,8 @@ def main() -> None:
     bar = tqdm(total=len(cells), desc="cells")
     for delay in args.delays:
         with FakeBackendProcess("--delay", str(delay), "--episode-len", str(args.steps)) as backend:
-            gw, bare = GatewayProc(backend.url), GatewayProc(backend.url, bare=True)
+            gw = GatewayProc(backend.url)
+            bare = GatewayProc(backend.url, bare=True) if "bare" in args.methods else None
             try:
                 for conc, rep, method in itertools.product(args.concurrency, range(args.repeats), args.methods):
                     bar.set_postfix_str(f"delay={delay * 1000:g}ms conc={conc} run {rep + 1} {method}")
@@ -325,7 +326,8 @@ def main() -> None:
                     bar.update()
             finally:
                 gw.stop()
-                bare.stop()
+                if bare is not None:
+                    bare.stop()
     bar.close()
 
     print(f"\n{args.steps}-step episodes; max({args.waves:g} x concurrency, {args.min_episodes}) episodes per cell; "
