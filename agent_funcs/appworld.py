@@ -8,6 +8,7 @@ success = every test passes. Turns: 40.
 """
 
 import os
+import re
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # OpenRLHF loads this file by path
@@ -22,6 +23,9 @@ INSTRUCTION = (
     "When the task is done, call apis.supervisor.complete_task() (with answer=... when the task asks a "
     "question).\nAnswer every turn in this format:\nThought:\n<what to do next>\n\nAction:\n```python\n<code>\n```\n"
 )
+
+
+FENCED_BLOCK = re.compile(r"```[^\n`]*\n.*?```", re.DOTALL)
 
 
 def parse_code_action(reply: str) -> str | None:
@@ -40,8 +44,18 @@ class AppWorldAgent(GatewayAgent):
     instruction = INSTRUCTION
     default_max_turns = 40
 
-    def parse_action(self, reply: str) -> str | None:
+    invalid_phrases = ("execution failed", "invalid action")
+
+    @classmethod
+    def parse_action(cls, reply: str) -> str | None:
         return parse_code_action(reply)
+
+    @classmethod
+    def realized_action(cls, reply: str) -> str:
+        """The last fenced code block of the reply, fences included (a multi-line action stays one item of a
+        forecast list); without one, what ``parse_action`` reads, else the last non-empty line."""
+        blocks = FENCED_BLOCK.findall(reply)
+        return blocks[-1].strip() if blocks else super().realized_action(reply)
 
     def success(self, score: float, done: bool) -> bool:
         return done and score >= 1.0

@@ -193,9 +193,31 @@ class GatewayAgent(AgentInstanceBase):
         self.scored = 0.0
         self.done = self.failed = False
 
+    # Lower-case phrases by which this env's observation says the last action failed or changed nothing (the
+    # forecast's skip-invalid reads them through ``is_invalid``); our own INVALID_ACTION reply is one of them.
+    invalid_phrases: tuple[str, ...] = ("invalid action",)
+    forecast_layouts: tuple[str, ...] = ("list", "turns")  # the ACTION_FORECAST_LAYOUTs this env's actions allow
+
     # ---- per-env hooks ---------------------------------------------------------------------------
-    def parse_action(self, reply: str) -> str | None:
+    @classmethod
+    def parse_action(cls, reply: str) -> str | None:
         return parse_react_action(reply)
+
+    @classmethod
+    def realized_action(cls, reply: str) -> str:
+        """The action a reply took, as the CoPE forecast learns and predicts it: what ``parse_action`` sends to
+        the env; for a reply without one, its last non-empty line ("" for an empty reply)."""
+        action = cls.parse_action(reply)
+        if action is not None:
+            return action.strip()
+        lines = [line.strip() for line in reply.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    @classmethod
+    def is_invalid(cls, observation: str) -> bool:
+        """Whether the observation after an action says that action failed (``invalid_phrases``)."""
+        lowered = observation.lower()
+        return any(phrase in lowered for phrase in cls.invalid_phrases)
 
     def format_observation(self, observation: Any) -> str:
         return observation if isinstance(observation, str) else str(observation)
@@ -314,9 +336,14 @@ class _RecordingEngine:
 
 
 class GatewayAgentExecutor(MultiTurnAgentExecutor):
-    """OpenRLHF's executor, run with the env's ``agent_cls``; closes the episode's session however it ends."""
+    """OpenRLHF's executor, run with the env's ``agent_cls``; closes the episode's session however it ends.
+    ``action_format()`` hands CoPE the env's ``realized_action`` / ``is_invalid`` (cope_rlhf.forecast)."""
 
     agent_cls: type[GatewayAgent] = GatewayAgent
+
+    @classmethod
+    def action_format(cls) -> type[GatewayAgent]:
+        return cls.agent_cls
 
     def __init__(self) -> None:
         super().__init__(self.agent_cls)

@@ -23,6 +23,9 @@ TOOL_FORMAT = ("To call a tool, reply with <tool_call>{\"name\": <tool name>, \"
                "</tool_call> and nothing else. To talk to the customer, reply with plain text.")
 
 
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
 def is_success(reward: float) -> bool:
     return abs(reward - 1.0) <= 1e-6
 
@@ -31,9 +34,27 @@ class Tau2Agent(GatewayAgent):
     env = "tau2"
     instruction = "You are a customer service agent. Follow the policy below.\n" + TOOL_FORMAT
     default_max_turns = 30
+    forecast_layouts = ("turns",)  # a tool call may span lines: one action per assistant turn
 
-    def parse_action(self, reply: str) -> str | None:
+    @classmethod
+    def parse_action(cls, reply: str) -> str | None:
         return reply.strip() or None
+
+    @classmethod
+    def realized_action(cls, reply: str) -> str:
+        """The literal ``<tool_call>...</tool_call>`` span (first opening tag to last closing tag) when the reply
+        calls tools, else the message to the user; the forecast needs ``ACTION_FORECAST_LAYOUT=turns`` here."""
+        start, end = reply.find(TOOL_CALL_OPEN), reply.rfind(TOOL_CALL_CLOSE)
+        if start >= 0 and end > start:
+            return reply[start : end + len(TOOL_CALL_CLOSE)]
+        return reply.strip()
+
+    @classmethod
+    def is_invalid(cls, observation: str) -> bool:
+        """τ²'s failed tool calls: an observation (or a ``<tool_response>`` in it) that starts with "Error", and
+        the server's own "Tool call error: ..." for a call it could not parse."""
+        bodies = [observation] + [part.split("</tool_response>", 1)[0] for part in observation.split("<tool_response>")[1:]]
+        return any(body.strip().lower().startswith(("error", "tool call error")) for body in bodies)
 
     def success(self, score: float, done: bool) -> bool:
         return done and is_success(score)

@@ -20,13 +20,23 @@ action token gets loss 0 (normaliser 1 instead of 0/0), a micro-batch with none 
 weight ``EMPTY_MICRO_BATCH_TOKENS`` (OpenRLHF's ``ppo_train`` would divide by zero). A fully filtered window still
 takes its optimizer step, on a zero gradient, as stock GRPO does on all-zero advantages.
 
-After the PPO update (``ppo_train``), one supervised pass over this rank's forecast samples
-(``info[FORECAST_KEY]``, taken out of the experiences in ``CoPEPolicyModelActor.append``), with its own
-optimizer step:
+The forecast loss, over this rank's forecast samples (``info[FORECAST_KEY]``, taken out of the experiences in
+``CoPEPolicyModelActor.append``), in one of two modes (``ACTION_FORECAST_MODE``):
 
     L_AF = ACTION_FORECAST_COEF * sum_i w_i sum_target -log pi_theta(y | prefix) / N_target
 
-N_target is summed over all data-parallel ranks; every rank runs the same number of micro-batches.
+- ``separate`` (default, as upstream CoPE): after the PPO update (``ppo_train``), a supervised pass with its own
+  optimizer steps, one per SFT mini-batch of ``SFT_MINI_BATCH_SIZE`` samples over all ranks (0: the PPO
+  mini-batch, ``train.batch_size``), at the actor's learning rate times ``ACTION_FORECAST_LR_SCALE``; N_target is
+  the mini-batch's target-token count over all ranks. Beware: the optimizer's state carries over, so with Adam
+  the first forecast step replays most of the PPO step (its momentum) whatever the coefficient: turning the
+  forecast on then nearly doubles the PPO update (tests/test_actor.py pins it).
+- ``joint``: the forecast loss joins the PPO loss inside OpenRLHF's accumulation windows, no optimizer step of
+  its own: the samples are cut into as many parts as the first PPO epoch has micro-steps, and each micro-step adds
+  its part's share (N_target over the whole rollout and all ranks), one extra forward per micro-step.
+
+Either way every rank runs the same number of forecast forwards (a rank with nothing left runs a zero-weight
+stand-in), as ZeRO-3's parameter gathering requires.
 
 Remote methods for the experience maker (no gradient, pre-update weights): ``cope_frozen_signals`` (what the
 maker calls: both of the next two, branch-packed on shared rows when both are on), ``cope_info_gain`` (per-token
@@ -46,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import ray
 import torch
@@ -67,6 +77,7 @@ FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of Foreca
 TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
 UPDATES_STATE = "cope_updates"  # checkpoint client state: PPO updates so far (TE_WARMUP_STEPS counts them)
 EMPTY_MICRO_BATCH_TOKENS = 1e-9  # ppo_train's token weight for a micro-batch the filter emptied (see training_step)
+STAND_IN = ForecastSample([0, 0], [0, 1], row=-1, turn=0, weight=0.0)  # a forecast forward with no weight
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +127,7 @@ class CoPEActorMethods:
                 rewards, _, metrics = info_gain_rewards(
                     self._cope_logits, sequences, attention_mask, action_mask,
                     probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
-                    branch_pack=pack, block_mask=build,
+                    rows_per_forward=config.info_kl_batch, branch_pack=pack, block_mask=build,
                 )
         finally:
             self.actor.train(was_training)
@@ -125,13 +136,14 @@ class CoPEActorMethods:
     @torch.no_grad()
     def cope_te_members(self, samples: List[ForecastSample], tokens: List[int], turns: List[Turn]):
         """Top-M members of one trajectory's action tokens, from its own forecast samples."""
-        pack = self._cope_branch_pack(CoPEConfig.from_args(self.strategy.args))
+        config = CoPEConfig.from_args(self.strategy.args)
+        pack = self._cope_branch_pack(config)
         was_training = self.actor.training
         self.actor.eval()
         try:
             with self._cope_attention(pack) as build:
                 trimmed, logits = member_logits(
-                    self._cope_logits, samples, branch_pack=pack,
+                    self._cope_logits, samples, branch_pack=pack, rows_per_forward=config.te_micro_batch_size_per_gpu,
                     block_mask=build, device=_device(self.actor.model),
                 )
         finally:
@@ -169,8 +181,9 @@ class CoPEActorMethods:
         self.actor.eval()
         try:
             with self._cope_attention(True) as build:
+                per_forward = min(config.info_kl_batch, config.te_micro_batch_size_per_gpu)
                 out = dict(zip(order, run_requests(self._cope_logits, [requests[i] for i in order], build,
-                                                   rows_per_forward=8, device=_device(self.actor.model))))
+                                                   rows_per_forward=per_forward, device=_device(self.actor.model))))
         finally:
             self.actor.train(was_training)
         values = {p: v for i, mine in probes_of.items() for p, v in zip(mine, probe_values(mine, out[i][0]))}
@@ -231,31 +244,43 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         return status
 
     def _te_training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict]):
+        """OpenRLHF's step, with the TE term and (joint mode) this micro-step's forecast share added to its loss."""
         members = experience.info.pop(TE_KEY, None)
-        if members is None or not self.cope.te_enable:
+        te = members is not None and self.cope.te_enable
+        joint = self.__dict__.get("cope_joint_parts")
+        part = joint.pop(0) if joint else None
+        if not te and part is None:
             return super().training_step(experience, kl_ctl, step, loss_batch_info)
-        lam = te_lambda(self.cope, getattr(self, "cope_updates", 0))
+        lam = te_lambda(self.cope, getattr(self, "cope_updates", 0) + 1)
         captured = {}
         hook = self.actor.register_forward_hook(lambda module, args, out: captured.update(out=out))
         ppo_loss_fn = self.actor_loss_fn
 
-        def loss_with_te(*args, **kwargs):
+        def loss_with_cope(*args, **kwargs):
             actor_loss, *rest = ppo_loss_fn(*args, **kwargs)
             _, output = captured.pop("out")
-            with torch.set_grad_enabled(lam > 0):
-                kl = self._te_kl(output["logits"], members, experience.attention_mask)
-            experience.info["cope/te_kl"] = kl.detach()
-            captured["te"] = lam * kl
-            return (actor_loss + captured["te"], *rest)
+            extra = actor_loss.new_zeros(())
+            if te:
+                with torch.set_grad_enabled(lam > 0):
+                    kl = self._te_kl(output["logits"], members, experience.attention_mask)
+                experience.info["cope/te_kl"] = kl.detach()
+                extra = extra + lam * kl
+            if part is not None:
+                samples, n_target = part
+                share = self._forecast_share(samples, n_target)
+                self.cope_joint_loss = getattr(self, "cope_joint_loss", 0.0) + float(share.detach())
+                extra = extra + share
+            captured["extra"] = extra
+            return (actor_loss + extra, *rest)
 
-        self.actor_loss_fn = loss_with_te
+        self.actor_loss_fn = loss_with_cope
         try:
             status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
             hook.remove()
             self.actor_loss_fn = ppo_loss_fn
-        if "te" in captured:
-            status["metrics"]["policy_loss"] = status["metrics"]["policy_loss"] - captured["te"].detach()
+        if "extra" in captured:
+            status["metrics"]["policy_loss"] = status["metrics"]["policy_loss"] - captured["extra"].detach()
         return status
 
     def _te_kl(self, logits: torch.Tensor, members: Sequence[dict], attention_mask: torch.Tensor) -> torch.Tensor:
@@ -281,9 +306,24 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         return te_kl(policy, q).mean()
 
     def ppo_train(self, kl_ctl: float):
+        forecast = self.cope.action_forecast_enable
+        if forecast and self.cope.action_forecast_mode == "joint":
+            # OpenRLHF's DataLoader keeps whole micro-batches only (drop_last): that many micro-steps per epoch
+            micro_steps = len(self.replay_buffer) // self.replay_buffer.sample_batch_size
+            trained = float(self._all_reduce(torch.tensor([float(len(self.__dict__.get("cope_forecast_samples", [])))]),
+                                             "sum")[0])
+            self.cope_joint_parts = self._forecast_parts_with_targets(micro_steps, micro_steps)
+            self.cope_joint_loss = 0.0
         status = super().ppo_train(kl_ctl)
         self.cope_updates = getattr(self, "cope_updates", 0) + 1
-        if self.cope.action_forecast_enable:
+        if forecast and self.cope.action_forecast_mode == "joint":
+            leftover = self.__dict__.pop("cope_joint_parts", [])
+            if any(samples for samples, _ in leftover):
+                raise RuntimeError(f"joint forecast: {len(leftover)} parts were not trained (fewer PPO micro-steps "
+                                   "than planned)")
+            status.update({**self._forecast_status(self.__dict__.pop("cope_joint_loss", 0.0), 1),
+                           "cope/forecast_samples_trained": trained, "cope/forecast_optimizer_steps": 0.0})
+        elif forecast:
             status.update(self.cope_forecast_step())
         return status
 
@@ -292,74 +332,101 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         if per_sample is not None:
             self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in per_sample for s in row)
 
-    def cope_forecast_step(self) -> Dict[str, float]:
-        """One optimizer step on L_AF over this rank's forecast samples (then forgets them).
+    def _dp_size(self) -> int:
+        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1  # DP only (CLI)
 
-        DeepSpeed steps the optimizer every ``gas`` micro-steps: the samples are cut into exactly ``gas``
-        micro-batches (empty ones run on a zero-weight stand-in sample), the same on every rank, so there is
-        one optimizer step and the PPO accumulation count stays aligned. With branch packing the cut is between
-        trajectories, so that a trajectory's samples share one trunk."""
+    def _all_reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
+        return self.strategy.all_reduce(values, op) if self._dp_size() > 1 else values
+
+    def _forecast_parts_with_targets(self, count: int, per_window: int) -> List[Tuple[List[ForecastSample], float]]:
+        """This rank's forecast samples (then forgotten) cut into ``count`` parts, each with the target-token count
+        of its window of ``per_window`` consecutive parts over all ranks (its normaliser N_target). With branch
+        packing the cuts fall between trajectories, so that a trajectory's samples share one trunk."""
         samples = self.__dict__.pop("cope_forecast_samples", [])
-        engine = self.actor.model
-        gas = engine.gradient_accumulation_steps() if hasattr(engine, "gradient_accumulation_steps") else 1
-        counts = torch.tensor([float(len(samples)), float(sum(sum(s.loss_mask[1:]) for s in samples))])
-        dp_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1  # DP only (CLI)
-        if dp_size > 1:
-            counts = torch.stack([self.strategy.all_reduce(counts[0], "max"), self.strategy.all_reduce(counts[1], "sum")])
-        most, n_target = int(counts[0]), float(counts[1])
-        if most == 0 or n_target == 0:
-            return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0}
+        if count == 0:
+            return []
+        units: Dict[int, List[ForecastSample]] = {}
+        for i, s in enumerate(samples):
+            units.setdefault(s.row if self._cope_branch_pack(self.cope) else i, []).append(s)
+        units = list(units.values())
+        chunk = -(-len(units) // count)
+        parts = [[s for unit in units[c * chunk : (c + 1) * chunk] for s in unit] for c in range(count)]
+        targets = torch.tensor([float(sum(sum(s.loss_mask[1:]) for s in part)) for part in parts])
+        windows = self._all_reduce(targets.reshape(-1, per_window).sum(-1), "sum")
+        return [(part, float(windows[c // per_window])) for c, part in enumerate(parts)]
+
+    def _forecast_share(self, samples: List[ForecastSample], n_target: float) -> torch.Tensor:
+        """One forecast micro-step's loss, coef * sum_i w_i sum_target nll / n_target, scaled for OpenRLHF's
+        backward (times dp_size * gas: DeepSpeed divides every loss by gas and averages gradients over ranks).
+        Runs one forward even for an empty part (a zero-weight stand-in), so that every rank runs as many."""
         pack = self._cope_branch_pack(self.cope)
-        if pack:
-            by_row: Dict[int, List[ForecastSample]] = {}
-            for s in samples:
-                by_row.setdefault(s.row, []).append(s)
-            rows = list(by_row.values())
-            chunk = -(-len(rows) // gas)
-            parts = [[s for row in rows[c * chunk : (c + 1) * chunk] for s in row] for c in range(gas)]
-        else:
-            chunk = -(-most // gas)
-            parts = [samples[c * chunk : (c + 1) * chunk] for c in range(gas)]
-        pad = getattr(self.tokenizer, "pad_token_id", None) or 0
-        # The forecast step takes the current learning rate and leaves the PPO schedule where it is.
+        real = bool(samples) and n_target > 0
+        part = samples if real else [STAND_IN]
+        self.actor.train()
+        with self._cope_attention(pack) as build:
+            if pack:
+                keep, packed = kept_logit_columns(pack_forecast_samples(part))
+                logits = self._cope_logits(packed.rows.input_ids, build(packed.rows), packed.rows.position_ids, keep)
+                nll, targets = packed_forecast_nll(logits, packed, self.cope.action_forecast_coef), len(packed.labels)
+            else:
+                ids, attn, loss_mask, weights = collate_forecast_samples(part, 0)
+                first = int(loss_mask[:, 1:].nonzero()[:, 1].min()) + 1
+                keep = ids.shape[1] - first + 1  # logits from the position before the first target token on
+                logits = self._cope_logits(ids, attn, position_ids_for(attn), keep)
+                dev = logits.device
+                nll = forecast_nll(logits, ids[:, -keep:].to(dev), loss_mask[:, -keep:].to(dev), weights.to(dev),
+                                   self.cope.action_forecast_coef)
+                targets = int(loss_mask[:, 1:].sum())
+        # nll is a mean over this part's targets: make it a sum over n_target
+        share = nll * (targets / n_target) if real else nll * 0.0
+        return share * self._dp_size() * getattr(self.strategy, "accumulated_gradient", 1)
+
+    def _forecast_status(self, total: float, windows: int) -> Dict[str, float]:
+        """``cope/forecast_loss``: L_AF per optimizer window (mean over the SFT mini-batches), from the sum of
+        this rank's scaled shares (``_forecast_share``)."""
+        gas_dp = self._dp_size() * getattr(self.strategy, "accumulated_gradient", 1)
+        return {"cope/forecast_loss": float(self._all_reduce(torch.tensor([total / gas_dp]), "sum")[0]) / windows}
+
+    def cope_forecast_step(self) -> Dict[str, float]:
+        """Separate mode: the supervised forecast pass over this rank's samples, with its own optimizer steps.
+
+        DeepSpeed steps the optimizer every ``gas`` micro-steps: the samples are cut into ``steps * gas``
+        micro-batches, ``steps`` = SFT mini-batches (the most any rank needs), the same on every rank, so the PPO
+        accumulation count stays aligned. The learning rate is scaled by ``ACTION_FORECAST_LR_SCALE`` for the
+        pass, and the PPO schedule is left where it is."""
+        count = len(self.__dict__.get("cope_forecast_samples", []))
+        gas = getattr(self.strategy, "accumulated_gradient", 1)
+        dp_size = self._dp_size()
+        mini = self.cope.sft_mini_batch_size or getattr(self.args.train, "batch_size", None) or 0
+        per_rank = -(-mini // dp_size) if mini else max(count, 1)
+        steps = int(self._all_reduce(torch.tensor([float(-(-count // per_rank))]), "max")[0])
+        trained = float(self._all_reduce(torch.tensor([float(count)]), "sum")[0])
+        if steps == 0:
+            self.__dict__.pop("cope_forecast_samples", None)
+            return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0, "cope/forecast_optimizer_steps": 0.0}
+        parts = self._forecast_parts_with_targets(steps * gas, gas)
+        engine = self.actor.model
         schedule = getattr(engine, "lr_scheduler", None)
         if schedule is not None:
             engine.lr_scheduler = None
-        self.actor.train()
+        groups = self.actor_optim.param_groups
+        learning_rates = [group["lr"] for group in groups]
+        for group in groups:
+            group["lr"] = group["lr"] * self.cope.action_forecast_lr_scale
         total = 0.0
         try:
-            with self._cope_attention(pack) as build:
-                for part in parts:
-                    real = bool(part)
-                    part = part or [ForecastSample([pad, pad], [0, 1], row=-1, turn=0, weight=0.0)]
-                    if pack:
-                        keep, packed = kept_logit_columns(pack_forecast_samples(part))
-                        logits = self._cope_logits(packed.rows.input_ids, build(packed.rows), packed.rows.position_ids,
-                                                   keep)
-                        nll = packed_forecast_nll(logits, packed, self.cope.action_forecast_coef)
-                        targets = len(packed.labels)
-                    else:
-                        ids, attn, loss_mask, weights = collate_forecast_samples(part, pad)
-                        first = int(loss_mask[:, 1:].nonzero()[:, 1].min()) + 1
-                        keep = ids.shape[1] - first + 1  # logits from the position before the first target token on
-                        logits = self._cope_logits(ids, attn, position_ids_for(attn), keep)
-                        dev = logits.device
-                        nll = forecast_nll(logits, ids[:, -keep:].to(dev), loss_mask[:, -keep:].to(dev),
-                                           weights.to(dev), self.cope.action_forecast_coef)
-                        targets = int(loss_mask[:, 1:].sum())
-                    # The NLL is a mean over this micro-batch's targets: rescale it to the mean over all ranks'
-                    # targets, and undo DeepSpeed's 1/gas and its average over ranks.
-                    share = nll * (targets / n_target) if real else nll * 0.0
-                    self.strategy.backward(share * dp_size * gas, self.actor, self.actor_optim)
-                    self.strategy.optimizer_step(self.actor_optim, self.actor, None, name="actor")
-                    total += float(share.detach())
+            for samples, n_target in parts:
+                share = self._forecast_share(samples, n_target)
+                self.strategy.backward(share, self.actor, self.actor_optim)
+                self.strategy.optimizer_step(self.actor_optim, self.actor, None, name="actor")
+                total += float(share.detach())
         finally:
+            for group, lr in zip(groups, learning_rates):
+                group["lr"] = lr
             if schedule is not None:
                 engine.lr_scheduler = schedule
-        stats = torch.tensor([total, float(len(samples))])
-        if dp_size > 1:
-            stats = torch.stack([self.strategy.all_reduce(stats[0], "sum"), self.strategy.all_reduce(stats[1], "sum")])
-        return {"cope/forecast_loss": float(stats[0]), "cope/forecast_samples_trained": float(stats[1])}
+        return {**self._forecast_status(total, steps), "cope/forecast_samples_trained": trained,
+                "cope/forecast_optimizer_steps": float(steps)}
 
 
 @ray.remote(num_gpus=1)

@@ -3,7 +3,8 @@
 Groups: OpenRLHF sets ``experience.index`` to the samples' positions in the rollout; position ``i`` belongs
 to prompt group ``i // n`` (``n = rollout.n_samples_per_prompt``).
 
-GRPO (``group_norm``), as ``RemoteExperienceMaker.compute_advantages_and_returns`` computes it:
+GRPO itself is OpenRLHF's (``RemoteExperienceMaker.compute_advantages_and_returns``, ``group_norm``), run before
+anything here:
     r'_i = (r_i - mean_g r) / (std_g r + 1e-9)           (std unbiased, over the group's n samples)
     per-token reward = r'_i at the sample's last action token, minus kl_coef * kl (OpenRLHF's compute_reward)
     returns_t = sum_{t' >= t} action_mask_t' * reward_t'  (gamma = 1);  advantages = returns
@@ -14,19 +15,20 @@ Info-gated advantage, on action tokens only:
 The gate opens fully where a group's samples all scored the same, i.e. where GRPO gives no gradient.
 
 Degenerate-group filter: samples of groups with std_g r <= 1e-6 get action_mask, advantages and returns
-zeroed, so they leave the numerator and the denominator of the token-mean loss. Applied before the info
-term, it also removes that term from those groups.
+zeroed, so they leave the numerator and the denominator of the token-mean loss. With information gain on too,
+the filter removes only the extrinsic term of those groups: advantages and returns are zeroed (OpenRLHF's
+group_norm would leave rounding noise there, e.g. +-0.83 for eight equal rewards of 0.1), the action mask stays,
+and the info term, whose gate beta_g = w is fully open exactly there, is their whole advantage. (Zeroing the
+mask as well would switch information gain off: in the groups that survive a binary reward, sigma_g >= 0.35,
+so beta_g <= w * e^-7.)
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
-from openrlhf.models.utils import compute_reward
-
-from cope_rlhf.config import CoPEConfig
 
 DEGENERATE_STD = 1e-6
 
@@ -52,41 +54,15 @@ def group_reward_std(experiences: Sequence, n: int) -> List[torch.Tensor]:
 
 
 @torch.no_grad()
-def grpo_advantages(
-    experiences: Sequence, n: int, kl_coef: float = 0.0, reward_clip_range: Optional[Tuple[float, float]] = None
-) -> None:
-    """Sets ``advantages``, ``returns``, ``info["return"]``, ``info["group_reward_std"]`` in place (``kl`` is
-    consumed and set to None, as OpenRLHF does). Rewards are taken as given: OpenRLHF's length penalties,
-    if configured, are applied by its own method before this point."""
-    for e in experiences:
-        e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
-    grouped, index, sizes = _grouped_rewards(experiences, n)
-    stds = grouped.std(-1, keepdim=True)
-    for e, std in zip(experiences, stds.expand(-1, n).reshape(-1)[index].split(sizes)):
-        e.info["group_reward_std"] = std
-    normed = ((grouped - grouped.mean(-1, keepdim=True)) / (stds + 1e-9)).reshape(-1)[index].split(sizes)
-    for e, r in zip(experiences, normed):
-        reward = compute_reward(r, kl_coef, e.kl, action_mask=e.action_mask, reward_clip_range=reward_clip_range)
-        masked = e.action_mask * reward
-        returns = torch.zeros_like(reward)
-        running = torch.zeros(reward.size(0), device=reward.device)
-        for t in range(reward.size(1) - 1, -1, -1):
-            running = masked[:, t] + running
-            returns[:, t] = running
-        e.returns = returns
-        e.advantages = returns.clone()
-        e.info["return"] = reward.sum(dim=-1)
-        e.kl = None
-
-
-@torch.no_grad()
-def filter_degenerate_groups(experiences: Sequence, n: int) -> Dict[str, float]:
-    """Zeroes action_mask (and advantages/returns where set) of samples in groups with std <= 1e-6."""
+def filter_degenerate_groups(experiences: Sequence, n: int, keep_action_mask: bool = False) -> Dict[str, float]:
+    """Zeroes advantages/returns (where set) of samples in groups with std <= 1e-6, and their action_mask unless
+    ``keep_action_mask`` (information gain on: the intrinsic term still trains them)."""
     filtered = total = 0
     for e, std in zip(experiences, group_reward_std(experiences, n)):
         drop = std <= DEGENERATE_STD
         keep = (~drop).to(e.action_mask.dtype).unsqueeze(1)
-        e.action_mask = e.action_mask * keep
+        if not keep_action_mask:
+            e.action_mask = e.action_mask * keep
         for name in ("advantages", "returns"):
             if getattr(e, name) is not None:
                 setattr(e, name, getattr(e, name) * keep.to(getattr(e, name).dtype))
@@ -113,26 +89,3 @@ def add_info_gated_advantage(
         bonus = beta.unsqueeze(1) * (x.float() - mean) / std.clamp_min(1e-8) * m
         e.advantages = e.advantages + bonus.to(e.advantages.dtype)
     return {"cope/info_beta_mean": float(torch.cat(betas).mean()), "cope/info_reward_mean": float(mean)}
-
-
-def cope_advantages(
-    experiences: Sequence,
-    config: CoPEConfig,
-    n: int,
-    intrinsic: Optional[Sequence[torch.Tensor]] = None,
-    kl_coef: float = 0.0,
-    reward_clip_range: Optional[Tuple[float, float]] = None,
-) -> Dict[str, float]:
-    """GRPO, then the filter and the info term where the config turns them on. With both off this is
-    exactly ``grpo_advantages``."""
-    grpo_advantages(experiences, n, kl_coef, reward_clip_range)
-    metrics = {}
-    if config.grpo_filter_degenerate:
-        metrics.update(filter_degenerate_groups(experiences, n))
-    if config.info_gain_enable:
-        if intrinsic is None:
-            raise ValueError("INFO_INTRINSIC_WEIGHT > 0 needs the per-token intrinsic rewards (info_gain_rewards)")
-        metrics.update(
-            add_info_gated_advantage(experiences, intrinsic, n, config.info_intrinsic_weight, config.info_gate_temp)
-        )
-    return metrics

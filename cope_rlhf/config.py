@@ -21,6 +21,7 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 FORECAST_GATES = ("wins", "all", "mixed")
 FORECAST_LAYOUTS = ("list", "turns")
+FORECAST_MODES = ("separate", "joint")
 
 
 class CoPEConfigError(ValueError):
@@ -36,16 +37,17 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise CoPEConfigError(f"{name}={raw!r} is not a boolean; allowed: {', '.join(TRUE_WORDS + FALSE_WORDS)}")
 
 
-def _number(kind: type, low: float, high: float = float("inf"), low_open: bool = False):
+def _number(kind: type, low: float, high: float = float("inf"), low_open: bool = False, high_open: bool = False):
     def parse(name: str, raw: str):
         try:
             value = kind(str(raw).strip())
         except ValueError:
             raise CoPEConfigError(f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}") from None
         below = value <= low if low_open else value < low
-        if below or value > high or value != value:
+        above = value >= high if high_open else value > high
+        if below or above or value != value:
             bracket = "(" if low_open else "["
-            upper = "inf)" if high == float("inf") else f"{high}]"
+            upper = "inf)" if high == float("inf") else f"{high}{')' if high_open else ']'}"
             raise CoPEConfigError(f"{name}={raw!r} is out of range; allowed: {bracket}{low}, {upper}")
         return value
 
@@ -72,14 +74,21 @@ class CoPEConfig:
     action_forecast_skip_invalid: bool = False
     action_forecast_success_threshold: float = 0.5
     action_forecast_layout: str = "list"
+    action_forecast_mode: str = "separate"  # separate: own optimizer steps after PPO (upstream); joint: in PPO's step
+    action_forecast_max_length: int = 4096  # forecast samples longer than this lose tokens from the left
+    action_forecast_lr_scale: float = 1.0  # separate mode: the forecast steps' learning rate = actor lr x this
+    sft_mini_batch_size: int = 0  # separate mode: forecast samples per optimizer step, all ranks; 0 = train.batch_size
     te_enable: bool = False
     te_lambda: float = 0.0  # 0 = compute the TE diagnostics only
-    te_eta: float = 0.5
-    te_warmup_steps: int = 0
+    te_eta: float = 0.5  # < 1: q must keep some of pi's mass
+    te_warmup_steps: int = 50  # lambda is 0 while the global step (from 1) is below this
+    te_traj_subsample: float = 1.0  # fraction of each batch's trajectories that get TE members
+    te_micro_batch_size_per_gpu: int = 1  # trajectories per forward when computing TE members
     info_intrinsic_weight: float = 0.0  # 0 = information gain off
     info_gate_temp: float = 0.05
     info_max_turns: int = 8
     info_probe_tokens: int = 16
+    info_kl_batch: int = 2  # trajectories (per-turn path: rows) per forward when computing information gain
     grpo_filter_degenerate: bool = False
     branch_pack: bool = True  # how the signals are computed, not a signal: same values, one forward per trajectory
 
@@ -140,14 +149,21 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "action_forecast_skip_invalid": _keep(_parse_bool, bool),
     "action_forecast_success_threshold": _keep(_number(float, float("-inf")), float),
     "action_forecast_layout": _keep(_choice(FORECAST_LAYOUTS), str),
+    "action_forecast_mode": _keep(_choice(FORECAST_MODES), str),
+    "action_forecast_max_length": _keep(_number(int, 1), int),
+    "action_forecast_lr_scale": _keep(_number(float, 0.0), float),
+    "sft_mini_batch_size": _keep(_number(int, 0), int),
     "te_enable": _keep(_parse_bool, bool),
     "te_lambda": _keep(_number(float, 0.0), float),
-    "te_eta": _keep(_number(float, 0.0, 1.0), float),
+    "te_eta": _keep(_number(float, 0.0, 1.0, high_open=True), float),
     "te_warmup_steps": _keep(_number(int, 0), int),
+    "te_traj_subsample": _keep(_number(float, 0.0, 1.0, low_open=True), float),
+    "te_micro_batch_size_per_gpu": _keep(_number(int, 1), int),
     "info_intrinsic_weight": _keep(_number(float, 0.0), float),
     "info_gate_temp": _keep(_number(float, 0.0, low_open=True), float),
     "info_max_turns": _keep(_number(int, 1), int),
     "info_probe_tokens": _keep(_number(int, 1), int),
+    "info_kl_batch": _keep(_number(int, 1), int),
     "grpo_filter_degenerate": _keep(_parse_bool, bool),
     "branch_pack": _keep(_parse_bool, bool),
 }

@@ -4,16 +4,20 @@
 its switch is on, in this order:
 
 1. forecast samples (``ACTION_FORECAST_ENABLE``): gate, weigh and build them for the kept trajectories
-   (``forecast.forecast_samples_from_experiences``); each sample's list goes into ``info[FORECAST_KEY]``,
-   which ``CoPEPolicyModelActor.append`` takes out before the replay buffer. Built before the filter, so that
+   (``forecast.forecast_samples_from_experiences``, with the environment's action format from the agent func,
+   ``forecast.load_action_format``); each sample's list goes into ``info[FORECAST_KEY]``, which
+   ``CoPEPolicyModelActor.append`` takes out before the replay buffer. Built before the filter, so that
    groups where every trajectory won still teach the forecast.
-2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups``.
+2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups``; with
+   information gain on, it removes those groups' extrinsic term only and keeps their action mask.
 3. information gain (``INFO_INTRINSIC_WEIGHT > 0``) and temporal-ensemble members (``TE_ENABLE``), both under
    the pre-update weights, no gradient, in one ``cope_frozen_signals`` call per experience on the actor group
    (batched like OpenRLHF's forwards; branch-packed, a trajectory's counterfactual probes and its forecast
    samples share one packed row). Info gain: ``A = A_GRPO + beta_g * Â_intr`` by
-   ``advantage.add_info_gated_advantage``. TE: the top-M members of each covered action token go into
-   ``info[TE_KEY]`` (positions, probs, ids, valid), read by ``CoPEActorPPOTrainer.training_step``.
+   ``advantage.add_info_gated_advantage``. TE: list-layout forecast samples of a ``TE_TRAJ_SUBSAMPLE`` fraction
+   of the trajectories (drawn from ``random.Random((train.seed, batch number))``); the top-M members of each
+   covered action token go into ``info[TE_KEY]`` (positions, probs, ids, valid), read by
+   ``CoPEActorPPOTrainer.training_step``.
 
 Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/filtered_frac``,
 ``cope/info_reward_mean``, ``cope/info_beta_mean``, ``cope/info_turns_scored``, ``cope/forecast_samples``,
@@ -24,6 +28,7 @@ OpenRLHF's method.
 
 from __future__ import annotations
 
+import random
 from typing import Dict, List, Tuple
 
 import ray
@@ -33,7 +38,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from cope_rlhf.actor import FORECAST_KEY, TE_KEY
 from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
+from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences, load_action_format
 from cope_rlhf.turns import unpadded_trajectories
 
 
@@ -41,6 +46,9 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.cope = CoPEConfig.from_args(self.args)
+        self.cope_batches = 0  # rollout batches made so far: seeds TE_TRAJ_SUBSAMPLE's draw
+        needs_format = self.cope.action_forecast_enable or self.cope.te_enable
+        self.action_format = load_action_format(self.args.train.agent_func_path) if needs_format else None
 
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
@@ -50,7 +58,8 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         n = self.args.rollout.n_samples_per_prompt
         metrics: Dict[str, float] = {}
         if self.cope.action_forecast_enable:
-            samples, found = forecast_samples_from_experiences(experiences, self.tokenizer, self.cope, n)
+            samples, found = forecast_samples_from_experiences(experiences, self.tokenizer, self.cope, n,
+                                                               self.action_format)
             metrics.update(found)
             by_row: Dict[int, list] = {}
             for s in samples:
@@ -58,7 +67,7 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
             for e in experiences:
                 e.info[FORECAST_KEY] = [by_row.get(position, []) for position in e.index]
         if self.cope.grpo_filter_degenerate:
-            metrics.update(filter_degenerate_groups(experiences, n))
+            metrics.update(filter_degenerate_groups(experiences, n, keep_action_mask=self.cope.info_gain_enable))
         if self.cope.info_gain_enable or self.cope.te_enable:
             intrinsic, found = self._frozen_signals(experiences)
             metrics.update(found)
@@ -84,9 +93,14 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         experience, when info gain is on) and the TE members (into ``info[TE_KEY]``, when TE is on)."""
         te = self.cope.te_enable
         rows = unpadded_trajectories(experiences) if te else {}
+        self.cope_batches += 1
+        positions = sorted(rows)
+        draw = random.Random(f"{self.args.train.seed}-{self.cope_batches}")
+        chosen = set(draw.sample(positions, max(1, round(self.cope.te_traj_subsample * len(positions))))) if te else ()
         samples = [
-            [build_forecast_samples(*rows[p], self.tokenizer, self.cope.action_forecast_k,
-                                    self.cope.action_forecast_layout, self.cope.action_forecast_skip_invalid, row=p)
+            [build_forecast_samples(*rows[p], self.tokenizer, self.cope.action_forecast_k, "list",
+                                    self.cope.action_forecast_skip_invalid, row=p, action_format=self.action_format,
+                                    max_length=self.cope.action_forecast_max_length) if p in chosen else []
              for p in e.index] if te else None
             for e in experiences
         ]

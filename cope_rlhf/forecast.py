@@ -1,38 +1,50 @@
 """Action forecast: realized actions, forecast samples, the trajectory gate, group-norm weights, the NLL.
 
-Realized action of a turn = the first non-empty line after the last ``Action:`` of the decoded action text
-(text on the same line as ``Action:`` counts); with no ``Action:``, the last non-empty line. With
-skip-invalid, a turn whose following observation says the action failed (``INVALID_PHRASES``) is dropped:
-it neither issues a forecast nor appears in one.
+Realized action of a turn = ``action_format.realized_action(reply)``, where ``action_format`` is the
+environment's own rule, declared by its agent func (``load_action_format``; ``agent_funcs/<env>.py``): in
+general the action the env received (the first non-empty line after the last ``Action:``; a reply without one:
+its last non-empty line), AppWorld the last fenced code block, τ² the literal ``<tool_call>...</tool_call>`` span.
+``action_format.is_invalid(feedback)`` reads the env's own words for a failed action (SciWorld "No known action
+matches that input", ALFWorld "Nothing happens", AppWorld "Execution failed", τ² "Error..."). An agent func
+without an ``action_format`` gets ``ReActFormat``.
 
-For kept turn t with j kept actions left, k = min(K, j); the forecast sample is token ids (the trajectory's
-own tokens are reused as sampled, never re-tokenized):
+Every turn t issues one forecast sample. Its window is turns t ... t+K-1 (fewer at the end); actions that are
+empty, and with skip-invalid those whose following feedback ``is_invalid``, are dropped from it; a window left
+empty issues nothing. With the k actions left (slots), the sample is token ids (the trajectory's own tokens are
+reused as sampled, never re-tokenized):
 
     prefix  = sequence[: start of action t] without the trailing assistant header (so it ends with
-              observation t's message), + user message PLAN_AHEAD(k) + assistant header
-    list    : target = one assistant message "a_t\\n a_t+1 ... \\n a_t+k-1" (no spaces: one per line)
-    turns   : target = a_t as an assistant message, then for each next action a user message
-              NEXT_ACTION + assistant header + a_t+i as an assistant message
+              observation t's message), + user message PLAN_AHEAD(k) (turns: PLAN_AHEAD_TURNS(k)) + header
+    list    : target = one assistant message "a_1\n a_2 ... \n a_k" (no spaces: one per line)
+    turns   : target = a_1 as an assistant message, then for each next action a user message
+              NEXT_ACTION + assistant header + a_i as an assistant message
     loss_mask = 1 on target tokens (the assistant message bodies and their end-of-turn markers)
 
+A sample longer than ``max_length`` (``ACTION_FORECAST_MAX_LENGTH``) loses tokens from the left of its prefix
+(never of the plan-ahead message or the target) and starts again at position 0, as a re-tokenized truncated
+prompt would.
+
 Gate over trajectories (win = reward > threshold): ``wins`` keeps winners, ``all`` keeps all, ``mixed``
-keeps winners of groups holding both a win and a loss. Group norm: a kept trajectory of group g weighs
-1/m_g (m_g = kept in g), rescaled so the mean weight over kept trajectories is 1; otherwise every weight is 1.
+keeps winners of groups holding both a win and a loss; ``all`` together with group norm keeps winners only (as
+upstream CoPE does). Group norm: every sample of group g weighs 1/m_g, m_g = the trajectories of g that produced
+samples, rescaled so that the mean weight over all samples is 1; otherwise every weight is 1.
 
     L_AF = coef * sum_i w_i * sum_{target tokens} -log pi_theta(y | prefix) / N_target_tokens
 
 Branch packing (``forecast_loss(..., branch_pack=True)``, ``pack_forecast_samples``): a sample is its
 trajectory's first ``prefix_len`` tokens plus a short branch (plan-ahead message and target), so a trajectory's
 samples run as one row, the trajectory once and each sample's branch after it (``cope_rlhf.branches``); the
-loss and its gradient are the per-sample path's.
+loss and its gradient are the per-sample path's. A truncated sample shares nothing (``prefix_len`` 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
+import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -41,28 +53,54 @@ from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import Turn, unpadded_trajectories
 
 PLAN_AHEAD = (
-    "Plan ahead: list the next {k} actions you will take, starting with the action you take right now, "
-    "one action per line"
+    "Plan ahead: list the next {k} actions you will take to make progress on the task, starting with the action "
+    "you take right now, one action per line."
+)
+PLAN_AHEAD_TURNS = (
+    "Plan ahead: give the next {k} actions you will take to make progress on the task, one action per reply, "
+    "starting with the action you take right now. Reply with the action only."
 )
 NEXT_ACTION = "Next action?"
-INVALID_PHRASES = ("invalid action", "nothing happens", "not a valid action", "is not valid", "unknown action")
 _SENTINEL = "\x00COPE\x00"
 
 
-def realized_action(text: str) -> str:
-    head, sep, tail = text.rpartition("Action:")
-    if sep:
-        for line in tail.splitlines():
-            if line.strip():
-                return line.strip()
-        return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+class ActionFormat(Protocol):
+    """An environment's reading of its turns (agent funcs declare it: ``AgentExecutor.action_format()``)."""
+
+    def realized_action(self, reply: str) -> str: ...
+
+    def is_invalid(self, observation: str) -> bool: ...
 
 
-def is_invalid(observation: str, phrases: Sequence[str] = INVALID_PHRASES) -> bool:
-    lowered = observation.lower()
-    return any(p in lowered for p in phrases)
+class ReActFormat:
+    """For agent funcs that declare no format: the first non-empty line after the last ``Action:`` (else the
+    reply's last non-empty line); invalid = the feedback says "invalid action"."""
+
+    @staticmethod
+    def realized_action(reply: str) -> str:
+        _, sep, tail = reply.rpartition("Action:")
+        lines = [line.strip() for line in (tail if sep else reply).splitlines() if line.strip()]
+        return (lines[0] if sep else lines[-1]) if lines else ""
+
+    @staticmethod
+    def is_invalid(observation: str) -> bool:
+        return "invalid action" in observation.lower()
+
+
+@functools.lru_cache(maxsize=16)
+def load_action_format(agent_func_path: Optional[str]) -> ActionFormat:
+    """The action format that the agent func at ``agent_func_path`` declares (its ``AgentExecutor.action_format()``),
+    loaded by path as OpenRLHF loads the file; ``ReActFormat`` when it declares none or no path is given."""
+    if not agent_func_path:
+        return ReActFormat()
+    if not os.path.isfile(agent_func_path):
+        raise FileNotFoundError(f"--train.agent_func_path {agent_func_path!r} is not a file: the CoPE forecast reads "
+                                "the environment's action format from the agent func")
+    spec = importlib.util.spec_from_file_location(f"cope_agent_func_{abs(hash(agent_func_path))}", agent_func_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    declared = getattr(getattr(module, "AgentExecutor", None), "action_format", None)
+    return declared() if callable(declared) else ReActFormat()
 
 
 @dataclass(frozen=True)
@@ -114,21 +152,19 @@ class ForecastSample:
 
 
 def trajectory_actions(
-    tokens: Sequence[int], turns: Sequence[Turn], tokenizer, skip_invalid: bool
-) -> List[Tuple[int, str]]:
-    """(turn index, realized action) of the turns that are kept."""
-    kept = []
-    for t, turn in enumerate(turns):
+    tokens: Sequence[int], turns: Sequence[Turn], tokenizer, action_format: ActionFormat, skip_invalid: bool
+) -> List[Optional[str]]:
+    """Per turn, its realized action, or None where it leaves the forecast (empty; invalid with skip-invalid)."""
+    actions = []
+    for turn in turns:
         text = tokenizer.decode(tokens[turn.action_start : turn.action_end], skip_special_tokens=True)
-        action = realized_action(text)
-        if not action:
-            continue
-        if skip_invalid:
+        action = action_format.realized_action(text)
+        if action and skip_invalid:
             feedback = tokenizer.decode(tokens[turn.action_end : turn.next_obs_end], skip_special_tokens=True)
-            if is_invalid(feedback):
-                continue
-        kept.append((t, action))
-    return kept
+            if action_format.is_invalid(feedback):
+                action = ""
+        actions.append(action or None)
+    return actions
 
 
 def build_forecast_samples(
@@ -140,6 +176,8 @@ def build_forecast_samples(
     skip_invalid: bool = False,
     row: int = 0,
     weight: float = 1.0,
+    action_format: ActionFormat = ReActFormat(),
+    max_length: Optional[int] = None,
 ) -> List[ForecastSample]:
     """Forecast samples of one trajectory; ``tokens`` are its unpadded ids, ``turns`` from ``turn_spans``."""
     if layout not in ("list", "turns"):
@@ -147,11 +185,13 @@ def build_forecast_samples(
     pieces = chat_pieces(tokenizer)
     header = list(pieces.header)
     tokens = list(tokens)
-    kept = trajectory_actions(tokens, turns, tokenizer, skip_invalid)
+    actions = trajectory_actions(tokens, turns, tokenizer, action_format, skip_invalid)
     newline = _encode(tokenizer, "\n")
     samples = []
-    for j, (t, _) in enumerate(kept):
-        upcoming = kept[j : j + k]
+    for t in range(len(turns)):
+        upcoming = [(u, actions[u]) for u in range(t, min(t + k, len(turns))) if actions[u] is not None]
+        if not upcoming:
+            continue
         prefix = tokens[: turns[t].action_start]
         if prefix[len(prefix) - len(header) :] != header:
             raise ValueError(
@@ -159,7 +199,7 @@ def build_forecast_samples(
                 f"header {tokenizer.decode(header)!r}; forecast samples need the agent's prompts rendered with "
                 "the tokenizer's chat template"
             )
-        plan = PLAN_AHEAD.format(k=len(upcoming))
+        plan = (PLAN_AHEAD if layout == "list" else PLAN_AHEAD_TURNS).format(k=len(upcoming))
         shared = len(prefix) - len(header)
         ids = prefix[:shared] + _encode(tokenizer, pieces.user_open + plan + pieces.user_close)
         mask = [0] * len(ids)
@@ -182,6 +222,10 @@ def build_forecast_samples(
             slots.append((slot_turn, start, len(ids)))
             if layout == "turns" or i == len(upcoming) - 1:
                 add(_encode(tokenizer, pieces.body_close), 1)
+        cut = min(len(ids) - max_length, shared) if max_length is not None else 0
+        if cut > 0:  # left-truncate the prefix; the sample no longer shares the trajectory's positions
+            ids, mask, shared = ids[cut:], mask[cut:], 0
+            slots = [(u, a - cut, b - cut) for u, a, b in slots]
         samples.append(ForecastSample(ids, mask, row, t, slots, weight, shared))
     return samples
 
@@ -200,32 +244,40 @@ def trajectory_gate(rewards: torch.Tensor, n: int, gate: str, threshold: float) 
     raise ValueError(f"gate={gate!r}; allowed: wins, all, mixed")
 
 
-def group_norm_weights(keep: torch.Tensor, n: int) -> torch.Tensor:
-    """w = 1/m_g for kept trajectories (0 for the rest), rescaled to mean 1 over kept ones."""
-    grouped = keep.reshape(-1, n).float()
-    per_group = grouped.sum(-1, keepdim=True)
-    weights = (grouped / per_group.clamp_min(1)).reshape(-1)
-    kept = keep.sum()
-    return weights * kept / weights.sum() if kept > 0 else weights
+def group_norm_weights(samples: Sequence[ForecastSample], n: int) -> List[float]:
+    """Per sample 1/m_g, m_g = the trajectories of its group (rows ``row // n``) that produced samples, rescaled
+    to mean 1 over the samples."""
+    producers: Dict[int, set] = {}
+    for s in samples:
+        producers.setdefault(s.row // n, set()).add(s.row)
+    raw = [1.0 / len(producers[s.row // n]) for s in samples]
+    scale = len(raw) / sum(raw) if raw else 1.0
+    return [w * scale for w in raw]
 
 
 def forecast_samples_from_experiences(
-    experiences: Sequence, tokenizer, config: CoPEConfig, n: int
+    experiences: Sequence, tokenizer, config: CoPEConfig, n: int, action_format: ActionFormat = ReActFormat()
 ) -> Tuple[List[ForecastSample], Dict[str, float]]:
-    """Gate, weigh and build the forecast samples of a rollout (OpenRLHF experiences with ``index`` set)."""
+    """Gate, build and weigh the forecast samples of a rollout (OpenRLHF experiences with ``index`` set)."""
     rows = unpadded_trajectories(experiences)
     rewards = torch.tensor([float(r) for e in experiences for r in e.rewards])[
         torch.tensor([p for e in experiences for p in e.index]).argsort()
     ]
-    keep = trajectory_gate(rewards, n, config.action_forecast_gate, config.action_forecast_success_threshold)
-    weights = group_norm_weights(keep, n) if config.action_forecast_group_norm else keep.float()
+    gate = config.action_forecast_gate
+    if gate == "all" and config.action_forecast_group_norm:
+        gate = "wins"  # upstream's group norm counts winners only, whatever the gate says
+    keep = trajectory_gate(rewards, n, gate, config.action_forecast_success_threshold)
     samples = []
     for position in keep.nonzero().flatten().tolist():
         tokens, turns = rows[position]
         samples += build_forecast_samples(
             tokens, turns, tokenizer, config.action_forecast_k, config.action_forecast_layout,
-            config.action_forecast_skip_invalid, row=position, weight=float(weights[position]),
+            config.action_forecast_skip_invalid, row=position, action_format=action_format,
+            max_length=config.action_forecast_max_length,
         )
+    if config.action_forecast_group_norm:
+        for s, w in zip(samples, group_norm_weights(samples, n)):
+            s.weight = w
     metrics = {"cope/forecast_samples": len(samples), "cope/forecast_kept_frac": float(keep.float().mean())}
     return samples, metrics
 

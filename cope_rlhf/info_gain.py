@@ -12,7 +12,8 @@ action t *minus its last token*: that token's output is the distribution of turn
 it must stay a live query. Keeping it makes the counterfactual identical whether an attention backend
 masks keys (eager, SDPA) or drops masked tokens (flash-attention's unpadding).
 
-r_t is spread evenly over turn t's action tokens (each gets r_t / len(turn t)); all other tokens get 0.
+r_t is written on every action token of turn t (as upstream CoPE does: spreading r_t / len(turn t) would, after
+the batch-wide z-score of the advantage, favour short turns); all other tokens get 0.
 
 Branch packing (``branch_pack=True``, see ``cope_rlhf.branches``): the counterfactual of turn t differs
 from the real sequence only from the block's last token on, so each turn needs just the P tokens
@@ -106,7 +107,7 @@ def info_gain_rewards(
 
 def spread_rewards(turns: List[List[Turn]], probes: List[Probe], values: List[float], action_mask: torch.Tensor,
                    length: int) -> Tuple[torch.Tensor, List[List[float]], Dict[str, float]]:
-    """``info_gain_rewards``' result from each probe's r_t: r_t / len(turn) on every action token of the turn."""
+    """``info_gain_rewards``' result from each probe's r_t: r_t on every action token of the turn."""
     offset = action_offset(length, action_mask.shape[1])
     token_rewards = torch.zeros(action_mask.shape, dtype=torch.float32, device=action_mask.device)
     turn_rewards = [[0.0] * len(row_turns) for row_turns in turns]
@@ -115,9 +116,7 @@ def spread_rewards(turns: List[List[Turn]], probes: List[Probe], values: List[fl
     for p, value in zip(probes, values):
         turn = turns[p.row][p.turn]
         turn_rewards[p.row][p.turn] = value
-        token_rewards[p.row, turn.action_start - offset : turn.action_end - offset] = value / (
-            turn.action_end - turn.action_start
-        )
+        token_rewards[p.row, turn.action_start - offset : turn.action_end - offset] = value
     metrics = {"cope/info_reward_mean": sum(values) / len(values), "cope/info_turns_scored": len(values)}
     return token_rewards, turn_rewards, metrics
 

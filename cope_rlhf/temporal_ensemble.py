@@ -3,7 +3,11 @@
 Members of action token y of turn t: the forecasts issued at earlier turns s < t whose slot is turn t,
 i.e. pi^k(y | h_s, plan-ahead, a_s ... a_{t-1}) under the frozen (pre-update) policy, each kept as its
 top-M tokens (probabilities not renormalised). A forecast slot covers a trajectory token when the slot's
-token ids occur verbatim inside turn t's action tokens (last occurrence).
+token ids occur verbatim inside turn t's action tokens (last occurrence); members are aligned token by token
+(the slot's j-th token with the j-th covered token). At most ``MAX_SLOT_TOKENS`` (16) tokens of a slot and
+``MAX_COVERED_PER_TRAJECTORY`` (128) covered tokens of a trajectory get members (upstream CoPE's caps). TE's
+forecast samples always use the ``list`` layout, whatever ``ACTION_FORECAST_LAYOUT`` says; a fraction
+``TE_TRAJ_SUBSAMPLE`` of each batch's trajectories gets members.
 
     q^F = mean over members of the top-M distributions          (total mass  mass_topM <= 1)
     q   = ((1 - eta) * pi_frozen(. | h_t) + eta * q^F) / Z,      Z = (1 - eta) + eta * mass_topM
@@ -11,7 +15,9 @@ token ids occur verbatim inside turn t's action tokens (last occurrence).
     L_TE = lambda * mean over covered tokens of  sum_v [ q_v - p_v - p_v * log(q_v / p_v) ],   p = pi_theta
 
 The summand is the low-variance (k3) KL estimator (r - 1) - log r, r = q/p, in expectation over v ~ p: with
-normalised q it equals KL(pi_theta || q) exactly. lambda is 0 before ``TE_WARMUP_STEPS``.
+normalised q it equals KL(pi_theta || q) exactly. eta < 1 (with eta = 1, q has no mass outside the members'
+top-M and the KL explodes). lambda is 0 while the global step, counted from 1 as OpenRLHF's ``global_steps`` and
+upstream CoPE count it, is below ``TE_WARMUP_STEPS``.
 
 The members' logits come from ``member_logits``: one forward per forecast sample (the reference), or with
 ``branch_pack`` one forward per trajectory, its samples as branches off it (``cope_rlhf.branches``).
@@ -30,10 +36,13 @@ from cope_rlhf.forecast import ForecastSample, branch_columns, trajectory_branch
 from cope_rlhf.turns import Turn
 
 TOP_M = 64
+MAX_SLOT_TOKENS = 16
+MAX_COVERED_PER_TRAJECTORY = 128
 
 
-def te_lambda(config: CoPEConfig, step: int) -> float:
-    return config.te_lambda if config.te_enable and step >= config.te_warmup_steps else 0.0
+def te_lambda(config: CoPEConfig, global_step: int) -> float:
+    """lambda at ``global_step`` (1 = the first PPO update)."""
+    return config.te_lambda if config.te_enable and global_step >= config.te_warmup_steps else 0.0
 
 
 def locate(tokens: Sequence[int], turn: Turn, target: Sequence[int]) -> int:
@@ -58,6 +67,7 @@ def collect_members(
     probabilities and token ids (N, K, M) and a validity mask (N, K), and coverage metrics. The policy's
     logits for target ``(row, p)`` sit at position ``p - 1`` of that trajectory."""
     members: Dict[Tuple[int, int], List[Tuple[torch.Tensor, torch.Tensor]]] = {}
+    per_trajectory: Dict[int, int] = {}
     slots = covered = 0
     for sample, logits in zip(samples, forecast_logits):
         tokens, turns = trajectories[sample.row]
@@ -69,9 +79,15 @@ def collect_members(
             if at < 0:
                 continue
             covered += 1
-            probs, ids = torch.softmax(logits[start - 1 : end - 1].float(), dim=-1).topk(top_m, dim=-1)
-            for j in range(end - start):
-                members.setdefault((sample.row, at + j), []).append((probs[j], ids[j]))
+            width = min(end - start, MAX_SLOT_TOKENS)
+            probs, ids = torch.softmax(logits[start - 1 : start - 1 + width].float(), dim=-1).topk(top_m, dim=-1)
+            for j in range(width):
+                key = (sample.row, at + j)
+                if key not in members:
+                    if per_trajectory.get(sample.row, 0) >= MAX_COVERED_PER_TRAJECTORY:
+                        continue
+                    per_trajectory[sample.row] = per_trajectory.get(sample.row, 0) + 1
+                members.setdefault(key, []).append((probs[j], ids[j]))
     targets = sorted(members)
     width = max((len(members[x]) for x in targets), default=0)
     member_probs = torch.zeros(len(targets), width, top_m)

@@ -99,7 +99,8 @@ step train "$PY" -m cope_rlhf.local train --env babyai \
   --actor.adam.lr 1e-4 --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3 \
   --eval.steps 12 --ckpt.save_steps 12 --ckpt.path "$DIR/ckpt" --ckpt.output_dir "$DIR/model-rl" \
   --logger.tensorboard_dir "$DIR/tensorboard" \
-  --cope.action_forecast_enable --cope.te_enable --cope.te_lambda 0.1 --cope.info_intrinsic_weight 0.1 \
+  --cope.action_forecast_enable --cope.te_enable --cope.te_lambda 0.1 --cope.te_warmup_steps 0 \
+  --cope.info_intrinsic_weight 0.1 \
   --cope.grpo_filter_degenerate
 
 "$PY" - "$DIR" $((SECONDS - T0)) <<'EOF'

@@ -21,7 +21,7 @@ from openrlhf.utils.config import hierarchize
 
 from cope_rlhf.actor import (FORECAST_KEY, TE_KEY, UPDATES_STATE, CoPEActorMethods, CoPEActorPPOTrainer,
                              CoPEPolicyModelActor)
-from cope_rlhf.advantage import filter_degenerate_groups, grpo_advantages
+from cope_rlhf.advantage import filter_degenerate_groups
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import unpadded_trajectories
@@ -30,7 +30,7 @@ from cope_rlhf.forecast import (build_forecast_samples, collate_forecast_samples
 from cope_rlhf.info_gain import position_ids_for
 from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.tiny_hf import agent_response, tiny_model, to_experience
+from tests.tiny_hf import agent_response, stock_grpo, tiny_model, to_experience
 
 N = 2
 LR = 0.005
@@ -94,7 +94,7 @@ def grpo_batch(tok, model_dir, rewards, episode_of=lambda i: i // N):
     )
     e.index = list(range(len(rewards)))
     e.kl = torch.zeros(e.action_mask.shape)
-    grpo_advantages([e], N)
+    stock_grpo([e], N)
     with torch.no_grad():
         e.action_log_probs = load_actor(model_dir)(e.sequences, e.action_mask, e.attention_mask)
     return e
@@ -165,7 +165,7 @@ def te_reference(policy_logits_rows, frozen_rows, eta):
 
 
 def test_te_term_pulls_policy_toward_q(batch, model_dir, tok, monkeypatch, on_cpu):
-    args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0")
+    args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0", "--cope.te_warmup_steps", "0")
     experience = copy.deepcopy(batch)
     members = te_members(batch, model_dir, tok, args)
     assert sum(len(m["positions"]) for m in members) > 0
@@ -197,7 +197,7 @@ def varlen_stand_in(module, args, kwargs):
 def test_te_term_with_packing_samples_equals_padded(batch, model_dir, tok, monkeypatch, on_cpu):
     """--ds.packing_samples: OpenRLHF's Actor runs the micro-batch unpadded as one (1, N) stream; the TE term reads
     its logits there. Same KL, same update as the padded run."""
-    args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0")
+    args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0", "--cope.te_warmup_steps", "0")
     experience = copy.deepcopy(batch)
     experience.info[TE_KEY] = te_members(batch, model_dir, tok, args)
     results = {}
@@ -310,7 +310,8 @@ def test_branch_pack_info_gain_and_te_members_equal_per_turn(batch, model_dir, t
 def test_frozen_signals_share_one_packed_row_per_trajectory(batch, model_dir, tok):
     """Info gain and TE members together: the same values as the two methods apart, from one forward (the four
     trajectories in one packed batch) instead of one for info gain plus one per trajectory for TE."""
-    holder, dims = methods_holder(model_dir, cli_args())
+    holder, dims = methods_holder(model_dir, cli_args("--cope.info_kl_batch", "8", "--cope.te_micro_batch_size_per_gpu",
+                                                      "8"))
     rows = unpadded_trajectories([batch])
     samples = [build_forecast_samples(*rows[p], tok, CoPEConfig().action_forecast_k, row=p) for p in batch.index]
     trajectories = [rows[p] for p in batch.index]
@@ -479,3 +480,95 @@ def test_te_warmup_count_survives_resume(model_dir, tok, monkeypatch):
     RecordingCheckpointStrategy.saved = {}
     fresh.init_model_from_pretrained()
     assert fresh.trainer.cope_updates == 0 and te_lambda(fresh.trainer.cope, 0) == 0.0
+
+
+# --- ACTION_FORECAST_MODE: separate (own optimizer steps, upstream) vs joint (inside PPO's window) ----------------
+
+
+def with_forecast_samples(experience, tok, args):
+    experience = copy.deepcopy(experience)
+    samples, _ = forecast_samples_from_experiences([experience], tok, CoPEConfig.from_args(args), N)
+    experience.info[FORECAST_KEY] = [[s for s in samples if s.row == p] for p in experience.index]
+    return experience, samples
+
+
+def adam_update(batch, model_dir, tok, monkeypatch, *flags):
+    """Weights moved by one training step (PPO, plus the forecast as ``flags`` say) under Adam, lr 1e-3."""
+    args = cli_args(*flags)
+    trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    trainer.actor_optim = torch.optim.Adam(trainer.actor.parameters(), lr=1e-3)
+    trainer.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.actor_optim, lambda step: 1.0)
+    before = params(trainer)
+    experience, _ = with_forecast_samples(batch, tok, args)
+    status = train_once(trainer, experience)
+    after = params(trainer)
+    return torch.cat([(after[k] - before[k]).flatten() for k in before]), status
+
+
+def test_separate_forecast_step_replays_the_ppo_step_joint_does_not(model_dir, tok, monkeypatch, on_cpu):
+    """The momentum effect: a separate Adam step on a forecast gradient scaled to almost nothing (coef 1e-4) still
+    moves the weights ~0.67x as far as the PPO step did, in the PPO step's direction (Adam's first and second
+    moments carry the PPO gradient). In joint mode the forecast joins the PPO step: the update barely changes."""
+    forecast = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all",
+                "--cope.action_forecast_coef", "1e-4"]
+    batch = mixed_batch(tok, model_dir, [1.0, 0.0, 1.0, 0.0])  # each episode wins or loses in both groups
+    ppo, _ = adam_update(batch, model_dir, tok, monkeypatch)
+    separate, sep_status = adam_update(batch, model_dir, tok, monkeypatch, *forecast)
+    joint, joint_status = adam_update(batch, model_dir, tok, monkeypatch, *forecast, "--cope.action_forecast_mode",
+                                      "joint")
+    extra = separate - ppo
+    ratio, cosine = float(extra.norm() / ppo.norm()), float(torch.nn.functional.cosine_similarity(extra, ppo, 0))
+    assert ratio > 0.5 and cosine > 0.9, (ratio, cosine)
+    assert float((joint - ppo).norm() / ppo.norm()) < 0.1 * ratio
+    assert sep_status["cope/forecast_optimizer_steps"] == 1 and joint_status["cope/forecast_optimizer_steps"] == 0
+    assert sep_status["cope/forecast_samples_trained"] == joint_status["cope/forecast_samples_trained"] > 0
+    assert joint_status["cope/forecast_loss"] > 0
+
+
+def test_joint_mode_adds_the_forecast_gradient_to_the_ppo_step(model_dir, tok, monkeypatch, on_cpu):
+    """Joint mode, SGD: the one update equals PPO's plus lr * grad(coef * L_AF) at the pre-update weights (one
+    micro-step, one window), and the logged policy loss stays OpenRLHF's."""
+    coef = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all", "--cope.action_forecast_coef", "0.5"]
+    args = cli_args(*coef, "--cope.action_forecast_mode", "joint")
+    stock = make_trainer(ActorPPOTrainer, cli_args(), model_dir, tok, monkeypatch)
+    trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    reference = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    batch = mixed_batch(tok, model_dir, [1.0, 0.0, 1.0, 0.0])  # PPO gradients that do not cancel
+    before = params(trainer)
+    experience, samples = with_forecast_samples(batch, tok, args)
+    stock_status = train_once(stock, batch)
+    status = train_once(trainer, experience)
+    reference.actor.train()
+    loss = reference._forecast_share(samples, float(sum(sum(s.loss_mask[1:]) for s in samples)))
+    loss.backward()
+    grads = {name: p.grad for name, p in reference.actor.named_parameters()}
+    assert status["cope/forecast_loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert status["policy_loss"] == pytest.approx(stock_status["policy_loss"], rel=1e-5, abs=1e-7)
+    moved = params(trainer)
+    for name, grad in grads.items():  # (a tied LM head is the embedding: not a parameter of its own)
+        grad = torch.zeros_like(moved[name]) if grad is None else grad
+        torch.testing.assert_close(moved[name], params(stock)[name] - LR * grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert any(not torch.equal(params(trainer)[k], v) for k, v in params(stock).items())
+    assert any(not torch.equal(before[k], v) for k, v in params(trainer).items())
+
+
+def test_sft_mini_batches_and_learning_rate_scale(batch, model_dir, tok, monkeypatch, on_cpu):
+    """Separate mode: one optimizer step per SFT_MINI_BATCH_SIZE samples (every rank the same count), at the
+    actor's lr times ACTION_FORECAST_LR_SCALE; the lr is restored afterwards."""
+    flags = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all", "--cope.action_forecast_coef",
+             "1.0", "--cope.sft_mini_batch_size", "3"]
+    args = cli_args(*flags)
+    trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    trainer.strategy = AccumulatingStrategy(args, 1)
+    _, samples = with_forecast_samples(batch, tok, args)
+    trainer.cope_forecast_samples = samples
+    status = trainer.cope_forecast_step()
+    assert status["cope/forecast_optimizer_steps"] == math.ceil(len(samples) / 3) == trainer.strategy.calls
+    # lr scale 0: the forecast pass moves nothing (plain SGD keeps no state), and the lr comes back
+    frozen = make_trainer(CoPEActorPPOTrainer, cli_args(*flags, "--cope.action_forecast_lr_scale", "0"), model_dir,
+                          tok, monkeypatch)
+    before = params(frozen)
+    frozen.cope_forecast_samples = samples
+    assert frozen.cope_forecast_step()["cope/forecast_loss"] > 0
+    assert all(torch.equal(before[k], v) for k, v in params(frozen).items())
+    assert frozen.actor_optim.param_groups[0]["lr"] == LR

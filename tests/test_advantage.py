@@ -1,4 +1,5 @@
-"""cope_rlhf.advantage on small hand-computed batches, and fed by info_gain on a real model."""
+"""cope_rlhf.advantage on small hand-computed batches (after OpenRLHF's own GRPO), and fed by info_gain on a real
+model."""
 
 import math
 
@@ -6,16 +7,9 @@ import pytest
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
-from cope_rlhf.advantage import (
-    add_info_gated_advantage,
-    cope_advantages,
-    filter_degenerate_groups,
-    group_reward_std,
-    grpo_advantages,
-)
-from cope_rlhf.config import CoPEConfig
+from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups, group_reward_std
 from cope_rlhf.info_gain import info_gain_rewards
-from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, tiny_tokenizer, to_experience
+from tests.tiny_hf import agent_response, hf_logits_fn, stock_grpo, tiny_model, tiny_tokenizer, to_experience
 
 
 def hand_batch():
@@ -29,28 +23,43 @@ def hand_batch():
 
 def test_grpo_hand_computed():
     batch = hand_batch()
-    grpo_advantages(batch, n=2)
+    stock_grpo(batch, n=2)
     # group 0 = positions (0, 1) = rewards (1, 0): std = sqrt(0.5), advantages +-0.5/sqrt(0.5) = +-0.7071
     # group 1 = positions (2, 3) = rewards (0, 0): 0
     a = 0.5 / math.sqrt(0.5)
     assert torch.allclose(batch[0].advantages, torch.tensor([[0, 0, 0, 0], [a, a, 0, 0]]), atol=1e-6)
     assert torch.allclose(batch[1].advantages, torch.tensor([[-a, -a, 0, 0], [0, 0, 0, 0]]), atol=1e-6)
-    assert torch.equal(batch[0].returns, batch[0].advantages) and batch[0].kl is None
+    assert torch.equal(batch[0].returns, batch[0].advantages)
     assert [s.tolist() for s in group_reward_std(batch, 2)] == [[0.0, pytest.approx(math.sqrt(0.5))],
                                                                  [pytest.approx(math.sqrt(0.5)), 0.0]]
 
 
 def test_filter_hand_computed():
     batch = hand_batch()
-    grpo_advantages(batch, n=2)
+    stock_grpo(batch, n=2)
     assert filter_degenerate_groups(batch, 2) == {"cope/filtered_frac": 0.5}
     assert batch[0].action_mask.tolist() == [[0, 0, 0, 0], [1, 1, 0, 0]]
     assert batch[1].action_mask.tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
 
 
+def test_filter_with_info_gain_removes_the_extrinsic_term_only():
+    """With the KL in the reward, a degenerate group still has non-zero returns and advantages (-kl_coef * kl); the
+    filter zeroes them but keeps the action mask, so that the intrinsic term can train the group."""
+    batch = hand_batch()
+    for e in batch:
+        e.kl = torch.full((2, 4), 0.5)
+    stock_grpo(batch, n=2, kl_coef=0.1)
+    assert batch[0].advantages[0].abs().sum() > 0  # position 2: degenerate group 1, KL only
+    masks = [e.action_mask.clone() for e in batch]
+    assert filter_degenerate_groups(batch, 2, keep_action_mask=True) == {"cope/filtered_frac": 0.5}
+    assert [e.action_mask.tolist() for e in batch] == [m.tolist() for m in masks]
+    assert not batch[0].advantages[0].any() and not batch[1].advantages[1].any() and not batch[0].returns[0].any()
+    assert batch[0].advantages[1].abs().sum() > 0  # the mixed group keeps its GRPO advantage
+
+
 def test_info_gate_opens_where_grpo_is_silent():
     batch = hand_batch()
-    grpo_advantages(batch, n=2)
+    stock_grpo(batch, n=2)
     intrinsic = [torch.tensor([[0, 1.0, 3.0, 0], [2.0, 2.0, 0, 0]]), torch.tensor([[1.0, 0.0, 0, 0], [0, 0, 0, 0]])]
     metrics = add_info_gated_advantage(batch, intrinsic, 2, weight=0.1, gate_temp=0.05)
     values = torch.tensor([1.0, 3.0, 2.0, 2.0, 1.0, 0.0, 0.0, 0.0])  # the 8 action tokens
@@ -65,14 +74,13 @@ def test_info_gate_opens_where_grpo_is_silent():
 
 def test_bad_inputs_are_explained():
     batch = hand_batch()
-    with pytest.raises(ValueError, match="needs the per-token intrinsic rewards"):
-        cope_advantages(batch, CoPEConfig(info_intrinsic_weight=0.1), 2)
-    batch = hand_batch()
-    grpo_advantages(batch, 2)
+    stock_grpo(batch, 2)
     with pytest.raises(ValueError, match="does not match action_mask"):
         add_info_gated_advantage(batch, [torch.zeros(2, 3), torch.zeros(2, 3)], 2, 0.1, 0.05)
     with pytest.raises(ValueError, match="groups of n_samples_per_prompt=3"):
-        grpo_advantages(hand_batch(), 3)
+        group_reward_std(hand_batch(), 3)
+    with pytest.raises(ValueError, match="n_samples_per_prompt >= 2"):
+        group_reward_std(hand_batch(), 1)
 
 
 def test_intrinsic_from_info_gain_end_to_end():
@@ -86,7 +94,8 @@ def test_intrinsic_from_info_gain_end_to_end():
         hf_logits_fn(tiny_model(len(tok))), batch.sequences, batch.attention_mask, batch.action_mask
     )
     assert info_metrics["cope/info_turns_scored"] == 2
-    metrics = cope_advantages([batch], CoPEConfig(info_intrinsic_weight=0.1), 2, [intrinsic])
+    stock_grpo([batch], 2)
+    metrics = add_info_gated_advantage([batch], [intrinsic], 2, weight=0.1, gate_temp=0.05)
     # all rewards equal: GRPO gives zero, the info term alone moves the action tokens
     assert metrics["cope/info_beta_mean"] == pytest.approx(0.1)
     mask = batch.action_mask.bool()

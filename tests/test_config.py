@@ -11,8 +11,10 @@ from cope_rlhf.config import CoPEConfig, CoPEConfigError, add_cope_args
 SWITCHES = [
     "ACTION_FORECAST_ENABLE", "ACTION_FORECAST_COEF", "ACTION_FORECAST_K", "ACTION_FORECAST_GATE",
     "ACTION_FORECAST_GROUP_NORM", "ACTION_FORECAST_SKIP_INVALID", "ACTION_FORECAST_SUCCESS_THRESHOLD",
-    "ACTION_FORECAST_LAYOUT", "TE_ENABLE", "TE_LAMBDA", "TE_ETA", "TE_WARMUP_STEPS", "INFO_INTRINSIC_WEIGHT",
-    "INFO_GATE_TEMP", "INFO_MAX_TURNS", "INFO_PROBE_TOKENS", "GRPO_FILTER_DEGENERATE", "BRANCH_PACK",
+    "ACTION_FORECAST_LAYOUT", "ACTION_FORECAST_MODE", "ACTION_FORECAST_MAX_LENGTH", "ACTION_FORECAST_LR_SCALE",
+    "SFT_MINI_BATCH_SIZE", "TE_ENABLE", "TE_LAMBDA", "TE_ETA", "TE_WARMUP_STEPS", "TE_TRAJ_SUBSAMPLE",
+    "TE_MICRO_BATCH_SIZE_PER_GPU", "INFO_INTRINSIC_WEIGHT", "INFO_GATE_TEMP", "INFO_MAX_TURNS", "INFO_PROBE_TOKENS",
+    "INFO_KL_BATCH", "GRPO_FILTER_DEGENERATE", "BRANCH_PACK",
 ]
 
 
@@ -22,6 +24,11 @@ def test_every_switch_and_defaults_off():
     assert config == CoPEConfig() and not config.any_enabled and not config.info_gain_enable
     assert (config.action_forecast_coef, config.action_forecast_k, config.action_forecast_gate) == (0.01, 3, "wins")
     assert (config.te_eta, config.info_gate_temp, config.info_max_turns, config.info_probe_tokens) == (0.5, 0.05, 8, 16)
+    # upstream CoPE's defaults for the knobs it accepts
+    assert (config.action_forecast_mode, config.action_forecast_max_length, config.action_forecast_lr_scale,
+            config.sft_mini_batch_size) == ("separate", 4096, 1.0, 0)
+    assert (config.te_warmup_steps, config.te_traj_subsample, config.te_micro_batch_size_per_gpu,
+            config.info_kl_batch) == (50, 1.0, 1, 2)
     assert config.branch_pack  # not a signal: how the signals are computed (proven equal in test_branches.py)
     assert not CoPEConfig.from_env({"BRANCH_PACK": "0"}).branch_pack
     assert not CoPEConfig.from_args(parse(["--cope.branch_pack", "false"], {})).branch_pack
@@ -45,7 +52,11 @@ def test_from_env_parses_values():
     ("ACTION_FORECAST_K", "2.5", ["ACTION_FORECAST_K", "not an integer"]),
     ("ACTION_FORECAST_GATE", "best", ["ACTION_FORECAST_GATE", "wins, all, mixed"]),
     ("ACTION_FORECAST_LAYOUT", "grid", ["ACTION_FORECAST_LAYOUT", "list, turns"]),
-    ("TE_ETA", "1.5", ["TE_ETA", "[0.0, 1.0]"]),
+    ("TE_ETA", "1.5", ["TE_ETA", "[0.0, 1.0)"]),
+    ("TE_ETA", "1", ["TE_ETA", "[0.0, 1.0)"]),  # eta = 1: q has no mass outside the members' top-M
+    ("ACTION_FORECAST_MODE", "both", ["ACTION_FORECAST_MODE", "separate, joint"]),
+    ("TE_TRAJ_SUBSAMPLE", "0", ["TE_TRAJ_SUBSAMPLE", "(0.0, 1.0]"]),
+    ("INFO_KL_BATCH", "0", ["INFO_KL_BATCH", "[1, inf)"]),
     ("INFO_GATE_TEMP", "0", ["INFO_GATE_TEMP", "(0.0, inf)"]),
     ("INFO_INTRINSIC_WEIGHT", "nan", ["INFO_INTRINSIC_WEIGHT"]),
     ("TE_WARMUP_STEPS", "abc", ["TE_WARMUP_STEPS", "not an integer"]),

@@ -5,6 +5,7 @@ RemoteExperienceMaker. Each flag on: the added fields and metrics equal the sign
 run here in the driver."""
 
 import copy
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.utils.config import hierarchize
 
+from agent_funcs.babyai import BabyAIAgent
 from cope_rlhf import patch
 from cope_rlhf.actor import FORECAST_KEY, TE_KEY
 from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
@@ -28,6 +30,7 @@ from tests.conftest import ROOT
 from tests.ray_cpu_groups import StandInStrategy, cpu_groups, load_actor
 from tests.tiny_hf import agent_response, tiny_model, to_experience
 
+AGENT_FUNC = os.path.join(ROOT, "agent_funcs", "babyai.py")  # the maker reads its action format
 N = 4  # samples per prompt
 KL_COEF = 0.01
 EPISODES = [  # (observations, actions); len(observations) == len(actions) + 1
@@ -47,7 +50,7 @@ def cli_args(*argv: str) -> SimpleNamespace:
     """Args as the CoPE CLI parses them (OpenRLHF's parser + the CoPE group), hierarchized like OpenRLHF."""
     base = ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(N),
             "--rollout.micro_batch_size", "4", "--algo.kl.init_coef", str(KL_COEF),
-            "--train.agent_func_path", "agent.py"]
+            "--train.agent_func_path", AGENT_FUNC]
     return hierarchize(build_parser().parse_args(base + list(argv)))
 
 
@@ -140,6 +143,30 @@ def test_filter_zeroes_degenerate_group(groups, tok, stock):
     assert sorted(dropped) == [4, 5, 6, 7]
 
 
+def test_filter_with_info_gain_leaves_degenerate_groups_the_intrinsic_term(groups, tok, stock, policy):
+    """Both switches on: the degenerate group (rows 4-7) loses its extrinsic advantage, keeps its action mask, and
+    gets beta = w (the gate fully open) times the normalised intrinsic reward; the other groups are as with info gain
+    alone."""
+    info = ["--cope.info_intrinsic_weight", "0.1"]
+    both = make(CoPEExperienceMaker, groups, tok, *info, "--cope.grpo_filter_degenerate")
+    alone = make(CoPEExperienceMaker, groups, tok, *info)
+    reached = 0
+    for got, solo, base in zip(both, alone, stock):
+        assert torch.equal(got.action_mask, base.action_mask)
+        torch.testing.assert_close(got.info["cope/filtered_frac"], torch.full((len(got.index),), 4 / 12))
+        for b, row in enumerate(got.index):
+            mask = base.action_mask[b].bool()
+            if 4 <= row < 8:
+                assert not got.returns[b].any()  # the extrinsic term (and any KL in the reward) is gone ...
+                extrinsic = base.advantages[b]  # ... the intrinsic one stays
+                torch.testing.assert_close(got.advantages[b], solo.advantages[b] - extrinsic, rtol=1e-5, atol=1e-6)
+                reached += int(got.advantages[b][mask].abs().sum() > 0)
+            else:
+                torch.testing.assert_close(got.advantages[b], solo.advantages[b], rtol=1e-5, atol=1e-6)
+    assert reached >= 2  # the info term reaches the sigma = 0 group (turn 0 of a row scores 0; others do not)
+    assert float(both[0].info["cope/info_beta_mean"][0]) > 0.1 * 4 / 12 * 0.99  # w on a third of the samples
+
+
 # "with the other": info gain and TE on together take the shared packed rows of cope_frozen_signals
 @pytest.mark.parametrize("other", [(), ("--cope.te_enable",)], ids=["alone", "with_te"])
 def test_info_gain_matches_reference(groups, tok, stock, policy, other):
@@ -190,7 +217,8 @@ def test_te_members_match_reference(groups, tok, stock, policy, other):
         spans = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)
         for b, row in enumerate(e.index):
             tokens = e.sequences[b][e.attention_mask[b].bool()].tolist()
-            samples = build_forecast_samples(tokens, spans[b], tok, config.action_forecast_k, row=row)
+            samples = build_forecast_samples(tokens, spans[b], tok, config.action_forecast_k, row=row,
+                                             action_format=BabyAIAgent)
             logits = []
             with torch.no_grad():
                 for s in samples:
@@ -229,8 +257,7 @@ def test_show_stock_vs_cope(groups, tok, stock):
         for b, row in enumerate(c_e.index):
             print(f"{row:>3} {float(c_e.rewards[b]):>6.1f} {len(spans[b]):>5} {show(s_e, b):>31} {show(a_e, b):>27} "
                   f"{show(c_e, b):>27} {len(c_e.info[FORECAST_KEY][b]):>9} {len(a_e.info[TE_KEY][b]['positions']):>9}")
-            if not c_e.action_mask[b].any():  # only the degenerate group is filtered
-                assert 4 <= row < 8 and not c_e.advantages[b].any()
+            assert c_e.action_mask[b].any()  # with info gain on, the filter keeps every action mask
     metrics = {k: float(v[0]) for k, v in all_on[0].info.items() if k.startswith("cope/")}
     print("CoPE metrics, all on (broadcast per sample into info; the actor averages them into its status):")
     for key, value in sorted(metrics.items()):

@@ -5,14 +5,18 @@ import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
 from cope_rlhf.config import CoPEConfig
+from agent_funcs.alfworld import ALFWorldAgent
 from cope_rlhf.forecast import (
+    PLAN_AHEAD as PLAN,
+    PLAN_AHEAD_TURNS as PLAN_TURNS,
+    ForecastSample,
+    ReActFormat,
     build_forecast_samples,
     collate_forecast_samples,
     forecast_nll,
     forecast_samples_from_experiences,
     group_norm_weights,
-    is_invalid,
-    realized_action,
+    load_action_format,
     trajectory_gate,
 )
 from cope_rlhf.turns import turn_spans
@@ -21,30 +25,36 @@ from tests.tiny_hf import agent_response, tiny_model, to_experience
 OBS = ["Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens.", "Done."]
 ACTS = ["Thought:\nlook.\n\nAction:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door",
         "Thought: go\nAction:\n\npick up key\nextra words"]
-PLAN = (
-    "Plan ahead: list the next {k} actions you will take, starting with the action you take right now, "
-    "one action per line"
-)
-
-
 @pytest.fixture(scope="module")
 def episode(tok):
     e = to_experience(agent_response(tok, OBS, ACTS))
     return e.sequences[0].tolist(), turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
 
 
-def test_realized_action():
+def test_plan_ahead_wording():
+    assert PLAN.format(k=3) == ("Plan ahead: list the next 3 actions you will take to make progress on the task, "
+                                "starting with the action you take right now, one action per line.")
+
+
+def test_react_format_for_agent_funcs_that_declare_none():
+    realized_action = ReActFormat.realized_action
     assert realized_action("Thought:\nI think.\n\nAction:\ngo north\nmore") == "go north"
     assert realized_action("Action: go north") == "go north"  # same line
     assert realized_action("Action:\nfirst\nThought: no\nAction:\n\n  second  ") == "second"  # the last Action:
     assert realized_action("just text\n\nlast line \n") == "last line"  # no Action: -> last non-empty line
     assert realized_action("Action:\n\n") == "" and realized_action("") == ""
+    assert ReActFormat.is_invalid("Invalid Action. Try again.") and not ReActFormat.is_invalid("You open the door.")
 
 
-def test_invalid_detection():
-    assert is_invalid("Invalid Action. Try again.") and is_invalid("Nothing happens.")
-    assert not is_invalid("You open the door.")
-
+def test_action_format_is_read_from_the_agent_func(tmp_path):
+    assert load_action_format("agent_funcs/alfworld.py").is_invalid("Nothing happens.")
+    assert not load_action_format("agent_funcs/babyai.py").is_invalid("Nothing happens.")
+    plain = tmp_path / "plain_agent.py"
+    plain.write_text("class AgentExecutor:\n    pass\n")
+    assert isinstance(load_action_format(str(plain)), ReActFormat)
+    assert isinstance(load_action_format(None), ReActFormat)
+    with pytest.raises(FileNotFoundError, match="agent_func_path"):
+        load_action_format(str(tmp_path / "missing.py"))
 
 
 def test_list_layout_reads_as_designed(tok, episode):
@@ -74,17 +84,36 @@ def test_list_layout_reads_as_designed(tok, episode):
 
 
 def test_turns_layout_and_skip_invalid(tok, episode):
+    """K-turn windows with the invalid actions dropped (ALFWorld's "Nothing happens." follows "open door")."""
     tokens, turns = episode
-    samples = build_forecast_samples(tokens, turns, tok, k=2, layout="turns", skip_invalid=True)
-    # "open door" was followed by "Nothing happens.": dropped as a forecast and as a target
-    assert [s.turn for s in samples] == [0, 2, 3]
-    first = samples[0]
-    assert tok.decode(first.input_ids).endswith(
-        f"<|im_start|>user\n{PLAN.format(k=2)}<|im_end|>\n<|im_start|>assistant\nlook around<|im_end|>\n"
-        "<|im_start|>user\nNext action?<|im_end|>\n<|im_start|>assistant\ntoggle and go through door<|im_end|>\n"
+    samples = build_forecast_samples(tokens, turns, tok, k=2, layout="turns", skip_invalid=True,
+                                     action_format=ALFWorldAgent)
+    assert [s.turn for s in samples] == [0, 1, 2, 3]  # every turn issues one, the invalid one too
+    assert [[t for t, _, _ in s.slots] for s in samples] == [[0], [2], [2, 3], [3]]  # "open door" is in no window
+    third = samples[2]
+    assert tok.decode(third.input_ids).endswith(
+        f"<|im_start|>user\n{PLAN_TURNS.format(k=2)}<|im_end|>\n<|im_start|>assistant\ntoggle and go through door"
+        "<|im_end|>\n<|im_start|>user\nNext action?<|im_end|>\n<|im_start|>assistant\npick up key<|im_end|>\n"
     )
-    target = tok.decode([i for i, m in zip(first.input_ids, first.loss_mask) if m])
-    assert target == "look around<|im_end|>\ntoggle and go through door<|im_end|>\n"
+    target = tok.decode([i for i, m in zip(third.input_ids, third.loss_mask) if m])
+    assert target == "toggle and go through door<|im_end|>\npick up key<|im_end|>\n"
+    # without skip-invalid the failed action stays a target
+    assert [[t for t, _, _ in s.slots] for s in build_forecast_samples(
+        tokens, turns, tok, k=2, layout="turns", action_format=ALFWorldAgent)] == [[0, 1], [1, 2], [2, 3], [3]]
+
+
+def test_long_prefix_is_left_truncated(tok, episode):
+    tokens, turns = episode
+    full = build_forecast_samples(tokens, turns, tok, k=2)
+    cut = build_forecast_samples(tokens, turns, tok, k=2, max_length=len(full[2].input_ids) - 5)
+    assert [len(s.input_ids) for s in cut[:2]] == [len(s.input_ids) for s in full[:2]]  # short enough: unchanged
+    assert cut[2].input_ids == full[2].input_ids[5:] and cut[2].loss_mask == full[2].loss_mask[5:]
+    assert cut[2].prefix_len == 0  # shares no positions with its trajectory any more
+    assert [tok.decode(cut[2].input_ids[a:b]) for _, a, b in cut[2].slots] == ["toggle and go through door",
+                                                                               "pick up key"]
+    # only the prefix is cut, never the plan-ahead message or the target
+    tiny = build_forecast_samples(tokens, turns, tok, k=2, max_length=1)[3]
+    assert tok.decode(tiny.input_ids).startswith("<|im_start|>user\nPlan ahead")
 
 
 def test_prompt_without_chat_template_is_rejected(tok, episode):
@@ -105,13 +134,14 @@ def test_gate_over_known_groups():
 
 
 def test_group_norm_weights_hand_computed():
-    keep = torch.tensor([1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.bool)
-    # groups: 1 kept -> 1, 4 kept -> 1/4 each; total 2 over 5 kept; rescale by 5/2
-    expected = [2.5, 0, 0, 0, 0.625, 0.625, 0.625, 0.625, 0, 0, 0, 0]
-    weights = group_norm_weights(keep, 4)
-    assert torch.allclose(weights, torch.tensor(expected))
-    assert abs(float(weights[keep].mean()) - 1.0) < 1e-6
-    assert not group_norm_weights(torch.zeros(8, dtype=torch.bool), 4).any()
+    """1/m_g per sample (m_g = trajectories of the group with samples), rescaled to mean 1 over samples."""
+    rows = [0, 0, 0, 4, 5, 5, 6, 7]  # group 0: one trajectory, 3 samples; group 1: four trajectories, 5 samples
+    samples = [ForecastSample([1, 2], [0, 1], row=r, turn=0) for r in rows]
+    raw = [1, 1, 1, 0.25, 0.25, 0.25, 0.25, 0.25]
+    expected = [w * len(raw) / sum(raw) for w in raw]
+    weights = group_norm_weights(samples, 4)
+    assert weights == pytest.approx(expected) and sum(weights) / len(weights) == pytest.approx(1.0)
+    assert group_norm_weights([], 4) == []
 
 
 def test_forecast_nll_weighted_token_mean(tok, episode):
@@ -149,3 +179,8 @@ def test_from_experiences_gate_and_weights(tok):
     assert {s.row: s.weight for s in samples} == pytest.approx({0: 1.5, 2: 0.75, 3: 0.75})
     mixed = forecast_samples_from_experiences(batches, tok, CoPEConfig(action_forecast_gate="mixed"), n=2)[0]
     assert {s.row for s in mixed} == {0}
+    # gate "all": losers train the forecast, unless group norm is on (upstream: winners only)
+    every = CoPEConfig(action_forecast_gate="all")
+    assert {s.row for s in forecast_samples_from_experiences(batches, tok, every, n=2)[0]} == {0, 1, 2, 3}
+    normed = CoPEConfig(action_forecast_gate="all", action_forecast_group_norm=True)
+    assert {s.row for s in forecast_samples_from_experiences(batches, tok, normed, n=2)[0]} == {0, 2, 3}

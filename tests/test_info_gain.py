@@ -67,7 +67,7 @@ def test_matches_naive_deletion_reference(model, batch):
     assert abs(metrics["cope/info_reward_mean"] - sum(reference.values()) / 5) < 1e-5
 
 
-def test_spread_over_turn_tokens_and_nothing_elsewhere(model, batch):
+def test_written_on_every_turn_token_and_nothing_elsewhere(model, batch):
     token_rewards, turn_rewards, _ = info_gain_rewards(
         hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P
     )
@@ -77,8 +77,8 @@ def test_spread_over_turn_tokens_and_nothing_elsewhere(model, batch):
     for row, row_turns in enumerate(turns):
         for t, turn in enumerate(row_turns):
             span = token_rewards[row, turn.action_start - 1 : turn.action_end - 1]
-            assert torch.allclose(span, torch.full_like(span, turn_rewards[row][t] / len(span)))
-            assert abs(float(span.sum()) - turn_rewards[row][t]) < 1e-6
+            # r_t on every token of the turn (upstream CoPE), not r_t / len: no bias toward short turns
+            assert torch.equal(span, torch.full_like(span, turn_rewards[row][t]))
 
 
 def test_only_last_max_turns_are_scored(model, batch):

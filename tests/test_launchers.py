@@ -32,10 +32,14 @@ COPE_VARS = [f.name.upper() for f in dataclasses.fields(CoPEConfig)]
 # a valid, non-default value for every switch
 COPE_VALUES = {"ACTION_FORECAST_ENABLE": "1", "ACTION_FORECAST_COEF": "0.05", "ACTION_FORECAST_K": "4",
                "ACTION_FORECAST_GATE": "mixed", "ACTION_FORECAST_GROUP_NORM": "1", "ACTION_FORECAST_SKIP_INVALID": "1",
-               "ACTION_FORECAST_SUCCESS_THRESHOLD": "0.8", "ACTION_FORECAST_LAYOUT": "turns", "TE_ENABLE": "1",
-               "TE_LAMBDA": "0.1", "TE_ETA": "0.3", "TE_WARMUP_STEPS": "10", "INFO_INTRINSIC_WEIGHT": "0.1",
-               "INFO_GATE_TEMP": "0.2", "INFO_MAX_TURNS": "4", "INFO_PROBE_TOKENS": "8",
-               "GRPO_FILTER_DEGENERATE": "1", "BRANCH_PACK": "0"}
+               "ACTION_FORECAST_SUCCESS_THRESHOLD": "0.8", "ACTION_FORECAST_LAYOUT": "turns",
+               "ACTION_FORECAST_MODE": "joint", "ACTION_FORECAST_MAX_LENGTH": "2048", "ACTION_FORECAST_LR_SCALE": "0.5",
+               "SFT_MINI_BATCH_SIZE": "16", "TE_ENABLE": "1", "TE_LAMBDA": "0.1", "TE_ETA": "0.3",
+               "TE_WARMUP_STEPS": "10", "TE_TRAJ_SUBSAMPLE": "0.5", "TE_MICRO_BATCH_SIZE_PER_GPU": "4",
+               "INFO_INTRINSIC_WEIGHT": "0.1", "INFO_GATE_TEMP": "0.2", "INFO_MAX_TURNS": "4", "INFO_PROBE_TOKENS": "8",
+               "INFO_KL_BATCH": "4", "GRPO_FILTER_DEGENERATE": "1", "BRANCH_PACK": "0"}
+# Upstream CoPE's run scripts: the forecast switched on brings group norm and skip-invalid with it.
+FORECAST_DEFAULTS = ["--cope.action_forecast_group_norm", "1", "--cope.action_forecast_skip_invalid", "1"]
 TAU2_USER = {"TAU2_USER_MODEL": "openai/gpt-4o-mini", "TAU2_USER_BASE_URL": "http://127.0.0.1:9/v1"}
 EXTERNAL = {"webshop", "webarena", "appworld"}
 
@@ -150,10 +154,21 @@ def test_one_cope_variable_adds_exactly_its_flag(parser, var):
     _, base = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh"))
     _, with_var = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh", **{var: COPE_VALUES[var]}))
     flag = f"--cope.{var.lower()}"
-    assert with_var == base + [flag, COPE_VALUES[var]]
+    assert with_var == base + [flag, COPE_VALUES[var]] + (FORECAST_DEFAULTS if var == "ACTION_FORECAST_ENABLE" else [])
     stock, changed = parser.parse_args(base), parser.parse_args(with_var)
     dest = f"cope.{var.lower()}"
     assert getattr(changed, dest) != getattr(stock, dest)
+
+
+def test_forecast_defaults_follow_upstream_and_can_be_turned_off(parser):
+    _, base = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh"))
+    _, off = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh", ACTION_FORECAST_ENABLE="1",
+                                     ACTION_FORECAST_GROUP_NORM="0"))
+    assert off == base + ["--cope.action_forecast_enable", "1", "--cope.action_forecast_group_norm", "0",
+                          "--cope.action_forecast_skip_invalid", "1"]
+    args = parse(parser, off)
+    assert (getattr(args, "cope.action_forecast_group_norm"), getattr(args, "cope.action_forecast_skip_invalid")) == (
+        False, True)
 
 
 @pytest.mark.parametrize("script", LAUNCH[1:] + EXAMPLES)

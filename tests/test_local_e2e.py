@@ -30,7 +30,8 @@ RUN_METRICS = {"rollout/reward", "rollout/success_rate", "rollout/episode_length
                "train/policy_loss", "train/kl", "train/actor_lr", "train/actor_grad_norm", "eval/success_rate"}
 STEPS = 2
 ALL_SIGNALS = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all", "--cope.te_enable",
-               "--cope.te_lambda", "0.1", "--cope.info_intrinsic_weight", "0.1", "--cope.grpo_filter_degenerate"]
+               "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1",
+               "--cope.grpo_filter_degenerate"]
 
 
 def level1_rows(ids) -> list:

@@ -52,7 +52,9 @@ def test_gradient_step_moves_policy_toward_q():
 
 def test_lambda_warmup():
     config = CoPEConfig(te_enable=True, te_lambda=0.2, te_warmup_steps=3)
-    assert [te_lambda(config, s) for s in range(5)] == [0.0, 0.0, 0.0, 0.2, 0.2]
+    # global steps count from 1 (the first PPO update), as upstream CoPE's: steps 1 and 2 warm up
+    assert [te_lambda(config, s) for s in range(1, 6)] == [0.0, 0.0, 0.2, 0.2, 0.2]
+    assert CoPEConfig().te_warmup_steps == 50 and te_lambda(CoPEConfig(te_enable=True, te_lambda=0.2), 49) == 0.0
     assert te_lambda(CoPEConfig(te_lambda=0.2), 10) == 0.0  # TE off
 
 

@@ -105,3 +105,22 @@ def to_experience(response: dict, max_len: int = 4096):
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
     return object.__new__(SamplesGenerator)._process_response_into_experience(response, max_len=max_len)
+
+
+def stock_grpo(experiences: list, n: int, kl_coef: float = 0.0) -> list:
+    """OpenRLHF's own GRPO advantages and returns (``RemoteExperienceMaker.compute_advantages_and_returns`` with the
+    group_norm estimator, KL in the reward at ``kl_coef``), set in place on experiences with ``index`` and ``kl``."""
+    from types import SimpleNamespace
+
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+    args = SimpleNamespace(
+        algo=SimpleNamespace(advantage=SimpleNamespace(estimator="group_norm", gamma=1.0, lambd=1.0, no_std_norm=False),
+                             kl=SimpleNamespace(use_loss=kl_coef == 0.0, estimator="k1"),
+                             dynamic_filtering_enable=False),
+        rollout=SimpleNamespace(n_samples_per_prompt=n, max_new_tokens=None),
+        reward=SimpleNamespace(clip_range=None, overlong_buffer_len=None, stop_properly_penalty_coef=None),
+    )
+    maker = RemoteExperienceMaker(None, None, None, None, SimpleNamespace(value=kl_coef), SimpleNamespace(args=args),
+                                  SimpleNamespace(pad_token_id=0))
+    return maker.compute_advantages_and_returns(experiences)

@@ -24,7 +24,8 @@ from typing import List, Optional
 import ray
 
 from cope_rlhf import patch
-from cope_rlhf.config import CoPEConfig, add_cope_args
+from cope_rlhf.config import FORECAST_LAYOUTS, CoPEConfig, add_cope_args
+from cope_rlhf.forecast import load_action_format
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
 
@@ -82,6 +83,21 @@ def combination_error(args: argparse.Namespace) -> Optional[str]:
         return f"the CoPE signals ({', '.join(turn_based)}) do not support ring attention yet: use --ds.ring_attn_size 1"
     if config.action_forecast_enable and getattr(args, "ds.tensor_parallel_size", 1) > 1:
         return "--cope.action_forecast_enable does not support tensor parallelism yet: use --ds.tensor_parallel_size 1"
+    if config.action_forecast_enable and config.action_forecast_mode == "joint":
+        if getattr(args, "train.dynamic_batch_enable", False):
+            return ("--cope.action_forecast_mode joint spreads the forecast over PPO's micro-steps, which dynamic "
+                    "batching makes unknown in advance: drop --train.dynamic_batch_enable or use the separate mode")
+        if config.action_forecast_lr_scale != 1.0 or config.sft_mini_batch_size != 0:
+            return ("--cope.action_forecast_lr_scale and --cope.sft_mini_batch_size set the separate forecast "
+                    "update; in --cope.action_forecast_mode joint the forecast has no optimizer step of its own (its "
+                    "weight is --cope.action_forecast_coef): leave them at 1.0 and 0")
+    if config.action_forecast_enable:
+        layouts = getattr(load_action_format(getattr(args, "train.agent_func_path", None)), "forecast_layouts",
+                          FORECAST_LAYOUTS)
+        if config.action_forecast_layout not in layouts:
+            return (f"--cope.action_forecast_layout {config.action_forecast_layout}: this agent func's actions "
+                    f"need {' or '.join(layouts)} (e.g. τ²'s tool calls span several lines): pass "
+                    f"--cope.action_forecast_layout {layouts[0]}")
     return None
 
 

@@ -18,7 +18,7 @@
 #   NUM_NODES=1  GPUS_PER_NODE=8 (or the count in CUDA_VISIBLE_DEVICES)  VLLM_TP=1  VLLM_NUM_ENGINES=NUM_NODES*GPUS_PER_NODE/VLLM_TP
 #   VLLM_GPU_UTIL=0.6  COLOCATE_ALL=1 (actor, ref and vLLM share GPUs, vLLM sleeps during training)
 #   ZERO_STAGE=3  GRADIENT_CHECKPOINTING=1  PACKING=0 (--ds.packing_samples)
-# GRPO (AgentGym-RL defaults, ../shared/FACTS.md §6):
+# GRPO (AgentGym-RL's defaults):
 #   ROLLOUT_BATCH_SIZE=16  N_SAMPLES_PER_PROMPT=8  TRAIN_BATCH_SIZE=ROLLOUT_BATCH_SIZE*N_SAMPLES_PER_PROMPT
 #   MICRO_TRAIN_BATCH_SIZE=1  MICRO_ROLLOUT_BATCH_SIZE=2  LR=1e-6  KL_COEF=0.001 (k3 KL as a loss)
 #   TEMPERATURE=1.0  MAX_LEN=16384 (whole episode)  MAX_NEW_TOKENS=1024  NUM_EPISODES=20  SAVE_STEPS=50
@@ -27,7 +27,9 @@
 #   COPE_GATEWAY_URL=http://127.0.0.1:${GATEWAY_PORT:-8800}   MAX_TURNS=<env default>   EPISODE_TIMEOUT_S  ENV_CALL_TIMEOUT_S
 #   HORIZON_SCHEDULE="6,13,20" (ScalingInter-RL; overrides MAX_TURNS)  HORIZON_STAGE_STEPS=100
 #   HORIZON_EPISODES_PER_STEP (default ROLLOUT_BATCH_SIZE*N_SAMPLES_PER_PROMPT/VLLM_NUM_ENGINES)  COPE_TRAIN_STEP_FILE
-# CoPE (../shared/FACTS.md §5): each variable in COPE_VARS adds `--cope.<lower-case name> VALUE` only when set.
+# CoPE (docs/METHOD.md: every variable, its default and range): each variable in COPE_VARS adds
+#   `--cope.<lower-case name> VALUE` only when set. As upstream CoPE's run scripts do, ACTION_FORECAST_ENABLE=1
+#   defaults ACTION_FORECAST_GROUP_NORM and ACTION_FORECAST_SKIP_INVALID to 1 (set them to 0 to turn them off).
 # Evaluation (cope_eval_main, examples/eval/<env>_eval.sh -> scripts/eval.py): CKPT=<OUTPUT_DIR>/model
 #   EVAL_ITEMS=data/generated/<env>_test.jsonl  EVAL_K=4  EVAL_TEMPERATURE=1.0  EVAL_ENGINE= (vllm when it imports)
 #   EVAL_OUT=runs/eval/<RUN_NAME>.json  EVAL_LIMIT= (first N items)  plus MAX_TURNS, MAX_NEW_TOKENS, MAX_LEN
@@ -39,8 +41,10 @@ COPE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # Must list cope_rlhf/config.py's CoPEConfig fields, upper-cased (tests/test_launchers.py checks it).
 COPE_VARS=(ACTION_FORECAST_ENABLE ACTION_FORECAST_COEF ACTION_FORECAST_K ACTION_FORECAST_GATE
     ACTION_FORECAST_GROUP_NORM ACTION_FORECAST_SKIP_INVALID ACTION_FORECAST_SUCCESS_THRESHOLD
-    ACTION_FORECAST_LAYOUT TE_ENABLE TE_LAMBDA TE_ETA TE_WARMUP_STEPS INFO_INTRINSIC_WEIGHT INFO_GATE_TEMP
-    INFO_MAX_TURNS INFO_PROBE_TOKENS GRPO_FILTER_DEGENERATE BRANCH_PACK)
+    ACTION_FORECAST_LAYOUT ACTION_FORECAST_MODE ACTION_FORECAST_MAX_LENGTH ACTION_FORECAST_LR_SCALE
+    SFT_MINI_BATCH_SIZE TE_ENABLE TE_LAMBDA TE_ETA TE_WARMUP_STEPS TE_TRAJ_SUBSAMPLE TE_MICRO_BATCH_SIZE_PER_GPU
+    INFO_INTRINSIC_WEIGHT INFO_GATE_TEMP INFO_MAX_TURNS INFO_PROBE_TOKENS INFO_KL_BATCH GRPO_FILTER_DEGENERATE
+    BRANCH_PACK)
 # What the agent funcs read in the rollout workers; exported locally, put in the runtime env of a Ray job.
 AGENT_VARS=(COPE_GATEWAY_URL MAX_TURNS HORIZON_SCHEDULE HORIZON_STAGE_STEPS HORIZON_EPISODES_PER_STEP
     COPE_TRAIN_STEP_FILE EPISODE_TIMEOUT_S ENV_CALL_TIMEOUT_S)
@@ -75,6 +79,9 @@ cope_defaults() {
     : "${TEMPERATURE:=1.0}" "${MAX_LEN:=16384}" "${MAX_NEW_TOKENS:=1024}" "${NUM_EPISODES:=20}"
     : "${SAVE_STEPS:=50}" "${EVAL_STEPS:=-1}" "${SEED:=42}" "${EXTRA_ARGS:=}"
     : "${COPE_GATEWAY_URL:=http://127.0.0.1:${GATEWAY_PORT:-8800}}"
+    if cope_is_true "${ACTION_FORECAST_ENABLE:-0}"; then  # upstream CoPE's run-script defaults
+        : "${ACTION_FORECAST_GROUP_NORM:=1}" "${ACTION_FORECAST_SKIP_INVALID:=1}"
+    fi
     [ "$VLLM_NUM_ENGINES" -ge 1 ] || cope_die "VLLM_NUM_ENGINES=$VLLM_NUM_ENGINES: need at least one vLLM engine"
     if [ -n "${HORIZON_SCHEDULE:-}" ]; then
         [[ "$HORIZON_SCHEDULE" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
