@@ -17,7 +17,7 @@ class ALFWorldAgent(GatewayAgent):
     env = "alfworld"
     instruction = INSTRUCTIONS["alfworld"]
     default_max_turns = 50
-    invalid_phrases = ("nothing happens", "invalid action")  # ALFWorld answers an inadmissible command "Nothing happens."
+    invalid_phrases = ("nothing happens", "invalid action")  # ALFWorld's answer to an inadmissible command
 
 
 class AgentExecutor(GatewayAgentExecutor):

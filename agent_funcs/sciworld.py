@@ -23,7 +23,7 @@ class SciWorldAgent(GatewayAgent):
     env = "sciworld"
     instruction = INSTRUCTIONS["sciworld"]
     default_max_turns = 20
-    invalid_phrases = ("no known action matches that input", "invalid action")  # ScienceWorld's parser: "No known action matches that input."
+    invalid_phrases = ("no known action matches that input", "invalid action")  # what ScienceWorld's parser says
 
     def score(self, env_total: float, last_reward: float, done: bool) -> float:
         return binarised_sciworld_score(last_reward, done)

@@ -13,6 +13,7 @@ Turns: 30.
 
 import json
 import os
+import re
 import sys
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # OpenRLHF loads this file by path
@@ -24,6 +25,7 @@ TOOL_FORMAT = ("To call a tool, reply with <tool_call>{\"name\": <tool name>, \"
 
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_ERROR = re.compile(r"<tool_response>\s*error")
 
 
 def is_success(reward: float) -> bool:
@@ -51,10 +53,12 @@ class Tau2Agent(GatewayAgent):
 
     @classmethod
     def is_invalid(cls, observation: str) -> bool:
-        """τ²'s failed tool calls: an observation (or a ``<tool_response>`` in it) that starts with "Error", and
-        the server's own "Tool call error: ..." for a call it could not parse."""
-        bodies = [observation] + [part.split("</tool_response>", 1)[0] for part in observation.split("<tool_response>")[1:]]
-        return any(body.strip().lower().startswith(("error", "tool call error")) for body in bodies)
+        """τ²'s failed tool calls: a tool result (``<tool_response>``) or an observation that starts with "Error",
+        and the server's own "Tool call error: ..." for a call it could not parse (found anywhere: in a trajectory
+        the observation sits inside the chat template's user turn)."""
+        lowered = observation.lower()
+        return (lowered.lstrip().startswith("error") or "tool call error:" in lowered
+                or TOOL_ERROR.search(lowered) is not None)
 
     def success(self, score: float, done: bool) -> bool:
         return done and is_success(score)

@@ -18,7 +18,7 @@ class TextCraftAgent(GatewayAgent):
     env = "textcraft"
     instruction = INSTRUCTIONS["textcraft"]
     default_max_turns = 30
-    invalid_phrases = ("could not", "invalid action")  # TextCraft: "Could not find ..." / "Could not execute ..." for a get or craft that fails
+    invalid_phrases = ("could not", "invalid action")  # a get or craft that fails: "Could not find ..."
 
 
 class AgentExecutor(GatewayAgentExecutor):

@@ -29,7 +29,8 @@ CONFIGS = {
     "grpo": [],
     "forecast": ["--cope.action_forecast_enable"],
     "info": ["--cope.info_intrinsic_weight", "0.1"],
-    "all": ["--cope.action_forecast_enable", "--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0",
+    "all": ["--cope.action_forecast_enable", "--cope.te_enable", "--cope.te_lambda", "0.1",
+            "--cope.te_warmup_steps", "0",
             "--cope.info_intrinsic_weight", "0.1", "--cope.grpo_filter_degenerate"],
 }
 

@@ -403,7 +403,8 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         trained = float(self._all_reduce(torch.tensor([float(count)]), "sum")[0])
         if steps == 0:
             self.__dict__.pop("cope_forecast_samples", None)
-            return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0, "cope/forecast_optimizer_steps": 0.0}
+            return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0,
+                    "cope/forecast_optimizer_steps": 0.0}
         parts = self._forecast_parts_with_targets(steps * gas, gas)
         engine = self.actor.model
         schedule = getattr(engine, "lr_scheduler", None)

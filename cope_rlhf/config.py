@@ -6,7 +6,8 @@ defaults turn every signal off, so a run without CoPE settings is OpenRLHF's sto
 ``BRANCH_PACK`` (default on) is no signal: it picks how the signals are computed (``cope_rlhf.branches``: one
 forward per trajectory with the turns as branches, instead of one forward per turn), with the same values.
 
-Every value is checked when it is read; a bad one raises ``CoPEConfigError`` naming the variable (or flag)
+Every variable, its default, range and meaning: docs/METHOD.md. Every value is checked when it is read; a bad one
+raises ``CoPEConfigError`` naming the variable (or flag)
 and the allowed values. On the command line the same message comes out through argparse (exit code 2).
 """
 

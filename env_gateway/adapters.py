@@ -14,7 +14,7 @@ Every failure to get a usable answer raises ``BackendError`` naming the backend 
 ``retryable`` says whether trying another replica may help (connection refused or reset, a timeout,
 or a 5xx), and ``reached`` whether the request may have been seen by the backend.
 
-AgentGym variants (../shared/FACTS.md §4) differ only in small ways, so ``AgentGymAdapter`` is the
+AgentGym's servers differ only in small ways, so ``AgentGymAdapter`` is the
 whole protocol and each variant is a few lines:
   - ``/create`` answers ``{"id": n}``, ``{"env_idx": n}`` or a bare int; the key it came with (bare
     int: ``bare_id_key``) is the key later requests carry;

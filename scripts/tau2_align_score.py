@@ -9,7 +9,7 @@ to score a domain whose run is incomplete: every task of the split (data/tau2_<d
 trials 0 … k−1, and no simulation may belong to another split; a partial run is biased toward short tasks.
 A simulation without a reward (crashed, timed out) counts as reward 0, as docs/TAU2_GRPO.md rule 4 says.
 Success: |reward − 1| ≤ 1e-6. Metrics: Avg@k and pass^1..k (scripts/agent_metrics.py). The published rows
-(shared FACTS §6, Avg@4 in %, gpt-4o-mini user) are compared only when the run used that user model, 4 trials
+(docs/BASELINES.md, Avg@4 in %, gpt-4o-mini user) are compared only when the run used that user model, 4 trials
 and commit c5b2d22; otherwise the table says why the numbers are not comparable.
 """
 

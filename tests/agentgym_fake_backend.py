@@ -1,7 +1,7 @@
 """A fake (stand-in) environment server for the gateway's tests and benchmark.
 
 It is a real aiohttp server on a real socket; only the environment behind it is fake, so that the gateway
-can be tested under load, with failures and with every protocol variant of ../shared/FACTS.md §4, without
+can be tested under load, with failures and with every AgentGym protocol variant (env_gateway/adapters.py), without
 the env packages (the real built-in servers are tested separately, when their venvs exist).
 
 The fake task of item i: an episode of ``episode_len`` steps; the observation at step t says

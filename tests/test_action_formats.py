@@ -65,17 +65,18 @@ def episode_with_failures(server: EnvServerProcess, data_idx: int, failing: list
 def test_real_server_replies(env):
     agent, args, data_idx, failing = SERVERS[env]
     require_venv(env)
-    assert load_action_format(os.path.join(ROOT, "agent_funcs", f"{env}.py")) is agent  # what the trainer reads
+    fmt = load_action_format(os.path.join(ROOT, "agent_funcs", f"{env}.py"))  # what the trainer reads
+    assert fmt.__name__ == agent.__name__
     with EnvServerProcess(env, *args) as server:
         steps = episode_with_failures(server, data_idx, failing)
     expert = [a for a, _, bad in steps if not bad]
     assert len(expert) >= 2
-    realized = [agent.realized_action(react(a, i)) for i, a in enumerate(expert)]
+    realized = [fmt.realized_action(react(a, i)) for i, a in enumerate(expert)]
     assert realized == [a.strip() for a in expert]
     if len(set(expert)) > 1:
         assert len(set(realized)) > 1, "the forecast target would be one constant"
     for action, observation, bad in steps:
-        assert agent.is_invalid(observation) == bad, (action, observation)
+        assert fmt.is_invalid(observation) == bad, (action, observation)
 
 
 def test_tau2_replies_through_its_server_and_the_gateway(monkeypatch):

@@ -1,6 +1,6 @@
 """Contract tests for the benchmarks whose servers cannot run here: WebShop (product data and a Java search index),
 WebArena (the live web sites) and AppWorld (``appworld download data`` needs the internet). Each fake below speaks
-that benchmark's original server protocol (../shared/FACTS.md §3-4; AppWorld's ``appworld serve environment``)
+that benchmark's original server protocol (env_gateway/adapters.py; AppWorld's ``appworld serve environment``)
 over real HTTP on 127.0.0.1, behind the real gateway and its adapter, played by the real agent func under
 OpenRLHF's ``MultiTurnAgentExecutor``. τ²-bench's server is tested in tests/test_tau2.py.
 """

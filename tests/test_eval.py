@@ -1,5 +1,5 @@
 """scripts/eval.py, scripts/agent_metrics.py and scripts/tau2_align_score.py: the metric formulas against their
-definitions (shared FACTS §6), a checkpoint scored through the real BabyAI server and gateway, and the τ² scorer
+definitions (docs/BASELINES.md), a checkpoint scored through the real BabyAI server and gateway, and the τ² scorer
 refusing incomplete runs."""
 
 from __future__ import annotations

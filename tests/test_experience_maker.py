@@ -16,7 +16,6 @@ from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.utils.config import hierarchize
 
 from agent_funcs.babyai import BabyAIAgent
-from cope_rlhf import patch
 from cope_rlhf.actor import FORECAST_KEY, TE_KEY
 from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
 from cope_rlhf.cli.train_ppo_ray import build_parser
@@ -27,8 +26,8 @@ from cope_rlhf.info_gain import info_gain_rewards, position_ids_for
 from cope_rlhf.temporal_ensemble import collect_members
 from cope_rlhf.turns import turn_spans
 from tests.conftest import ROOT
-from tests.ray_cpu_groups import StandInStrategy, cpu_groups, load_actor
-from tests.tiny_hf import agent_response, tiny_model, to_experience
+from tests.ray_cpu_groups import StandInStrategy, load_actor
+from tests.tiny_hf import agent_response, to_experience
 
 AGENT_FUNC = os.path.join(ROOT, "agent_funcs", "babyai.py")  # the maker reads its action format
 N = 4  # samples per prompt
@@ -55,25 +54,8 @@ def cli_args(*argv: str) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tok, tmp_path_factory):
-    dirs = []
-    for seed in (0, 1):  # policy, reference
-        path = tmp_path_factory.mktemp(f"model{seed}")
-        tiny_model(len(tok), seed=seed).save_pretrained(path)
-        tok.save_pretrained(path)
-        dirs.append(str(path))
-    return dirs
-
-
-@pytest.fixture(scope="module")
-def groups(checkpoints):
-    # Started as the CLI starts it: OpenRLHF-style ray.init arguments, wrapped to add CoPE's worker hook.
-    patch.ray_init_with_hook(ray.init)(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                                       runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
-    try:
-        yield cpu_groups(StandInStrategy(cli_args()), *checkpoints)
-    finally:
-        ray.shutdown()
+def group_args():
+    return cli_args()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Every protocol adapter, end to end: gateway -> a fake backend speaking that variant (FACTS §4) -> the same
+"""Every protocol adapter, end to end: gateway -> a fake backend speaking that variant (adapters.py) -> the same
 normalised answers ({observation, reward, done, info}) for the agent func."""
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def test_resources_follow_cuda_visible_devices(parser):
 
 
 def test_baselines_carry_the_published_hyperparameters(parser):
-    """FACTS §6: AgentGym-RL max turns, ScalingInter-RL schedules, n per env, lr 1e-6, KL loss 0.001."""
+    """docs/BASELINES.md: AgentGym-RL max turns, ScalingInter-RL schedules, n per env, lr 1e-6, KL loss 0.001."""
     turns = {"babyai": "20", "sciworld": "20", "textcraft": "30", "searchqa": "5", "webarena": "15"}
     schedules = {"babyai": ("6,13,20", "100"), "sciworld": ("10,20,30", "100"), "textcraft": ("10,20,30", "100"),
                  "searchqa": ("5,8,10", "100"), "webarena": ("8,12,15", "80")}

@@ -11,6 +11,7 @@ Also: the local CLI's argument checks give clear errors.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -149,4 +150,6 @@ def test_filter_keeps_whole_accumulation_windows(tok, model_dir, ray_session):
     _, status = loop.update(rollout(tok))
     assert loop.strategy.accumulated_gradient == 2 and "ppo_skipped" not in status
     assert status["cope/filtered_frac"] == pytest.approx(4 / 12) and torch.isfinite(torch.tensor(status["policy_loss"]))
-    assert len(steps) == 2  # one PPO step, one forecast step
+    # one PPO step, then one forecast step per SFT mini-batch (default: train.batch_size samples)
+    forecast_steps = math.ceil(status["cope/forecast_samples_trained"] / loop.args.train.batch_size)
+    assert status["cope/forecast_optimizer_steps"] == forecast_steps >= 1 and len(steps) == 1 + forecast_steps

@@ -26,7 +26,7 @@ from tests.tiny_hf import tiny_tokenizer
 pytestmark = pytest.mark.timeout(60)
 SHARED_TAU2 = os.path.join(os.path.dirname(ROOT), "shared", "tau2-data-c5b2d22")
 SPLITS = {("airline", "train"): 30, ("airline", "test"): 20, ("retail", "train"): 74, ("retail", "test"): 40,
-          ("telecom", "train"): 74, ("telecom", "test"): 40}  # FACTS §6
+          ("telecom", "train"): 74, ("telecom", "test"): 40}  # docs/BASELINES.md
 
 
 class FakeTau2Task:

@@ -91,9 +91,13 @@ def combination_error(args: argparse.Namespace) -> Optional[str]:
             return ("--cope.action_forecast_lr_scale and --cope.sft_mini_batch_size set the separate forecast "
                     "update; in --cope.action_forecast_mode joint the forecast has no optimizer step of its own (its "
                     "weight is --cope.action_forecast_coef): leave them at 1.0 and 0")
+    if config.action_forecast_enable or config.te_enable:
+        try:  # the forecast reads the env's action format from the agent func: it must load
+            action_format = load_action_format(getattr(args, "train.agent_func_path", None))
+        except Exception as e:  # noqa: BLE001 - any failure to load the file is the user's to fix
+            return f"cannot load the agent func for the CoPE forecast: {type(e).__name__}: {e}"
     if config.action_forecast_enable:
-        layouts = getattr(load_action_format(getattr(args, "train.agent_func_path", None)), "forecast_layouts",
-                          FORECAST_LAYOUTS)
+        layouts = getattr(action_format, "forecast_layouts", FORECAST_LAYOUTS)
         if config.action_forecast_layout not in layouts:
             return (f"--cope.action_forecast_layout {config.action_forecast_layout}: this agent func's actions "
                     f"need {' or '.join(layouts)} (e.g. τ²'s tool calls span several lines): pass "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # AgentGym-RL baseline on SearchQA: GRPO with a fixed horizon of 5 turns, n = 4, lr 1e-6, k3 KL loss 0.001
-# (shared FACTS §6). Plain config: variables, then the run script (scripts/lib/common.sh lists every setting;
+# (docs/BASELINES.md). Plain config: variables, then the run script (scripts/lib/common.sh lists every setting;
 # anything set before calling this file wins).
 set -euo pipefail
 : "${N_SAMPLES_PER_PROMPT:=4}" "${ROLLOUT_BATCH_SIZE:=16}" "${LR:=1e-6}" "${KL_COEF:=0.001}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ScalingInter-RL baseline on SciWorld: GRPO whose horizon grows by stage, [10, 20, 30] turns, one stage per
-# 100 training steps; n = 8, lr 1e-6, k3 KL loss 0.001 (shared FACTS §6). Plain config: variables, then the
+# 100 training steps; n = 8, lr 1e-6, k3 KL loss 0.001 (docs/BASELINES.md). Plain config: variables, then the
 # run script (scripts/lib/common.sh lists every setting; anything set before calling this file wins).
 set -euo pipefail
 : "${N_SAMPLES_PER_PROMPT:=8}" "${ROLLOUT_BATCH_SIZE:=16}" "${LR:=1e-6}" "${KL_COEF:=0.001}"
