@@ -27,19 +27,21 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# Words the trainer itself writes into prompts (cope_rlhf.forecast's prompts, agent_funcs' invalid-action note).
-TRAINER_TEXT = [
-    "Plan ahead: list the next 3 actions you will take, starting with the action you take right now, "
-    "one action per line.", "Next action?", "Thought:\n", "\n\nAction:\n",
-    "Invalid action: your reply has no action. End every reply with a line \"Action:\" followed by exactly one "
-    "action on the next line.",
-]
+
+
+def trainer_text() -> list[str]:
+    """Words the trainer itself writes into prompts (cope_rlhf.forecast's prompts, agent_funcs' invalid-action note)."""
+    from agent_funcs.base import INVALID_ACTION
+    from cope_rlhf.forecast import NEXT_ACTION, PLAN_AHEAD, PLAN_AHEAD_TURNS
+
+    return [PLAN_AHEAD.format(k=3), PLAN_AHEAD_TURNS.format(k=3), NEXT_ACTION, "Thought:\n", "\n\nAction:\n",
+            INVALID_ACTION]
 
 
 def corpus_texts(paths: list[str]) -> list[str]:
     from agent_funcs.instructions import ACKNOWLEDGEMENT, INSTRUCTIONS
 
-    texts = [INSTRUCTIONS[name] for name in sorted(INSTRUCTIONS)] + [ACKNOWLEDGEMENT] + TRAINER_TEXT
+    texts = [INSTRUCTIONS[name] for name in sorted(INSTRUCTIONS)] + [ACKNOWLEDGEMENT] + trainer_text()
     for path in paths:
         if not os.path.isfile(path):
             raise SystemExit(f"make_tiny_model: corpus file {path} does not exist")
