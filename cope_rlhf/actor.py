@@ -223,7 +223,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
 
     def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict] = None):
         if not self.cope.grpo_filter_degenerate:
-            return self._te_training_step(experience, kl_ctl, step, loss_batch_info)
+            return self._cope_training_step(experience, kl_ctl, step, loss_batch_info)
         # The filter zeroes whole samples' action masks, and they stay in the replay buffer (every rank must run
         # the same number of micro-steps for DeepSpeed). OpenRLHF assumes action tokens everywhere: a window
         # with none divides the loss 0/0 (NaN gradients), a micro-batch with none logs masked means of 0/0, and
@@ -235,7 +235,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
                                                   step=step, dynamic_batch=self.args.train.dynamic_batch_enable)
         loss_batch_info = {k: torch.where(v == 0, torch.ones_like(v), v) if isinstance(v, torch.Tensor) else v
                            for k, v in loss_batch_info.items()}
-        status = self._te_training_step(experience, kl_ctl, step, loss_batch_info)
+        status = self._cope_training_step(experience, kl_ctl, step, loss_batch_info)
         if not experience.action_mask.any():
             for key, weight in status["weights"].items():
                 if weight == "token":
@@ -243,7 +243,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             status["num_action_tokens"] = EMPTY_MICRO_BATCH_TOKENS
         return status
 
-    def _te_training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict]):
+    def _cope_training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict]):
         """OpenRLHF's step, with the TE term and (joint mode) this micro-step's forecast share added to its loss."""
         members = experience.info.pop(TE_KEY, None)
         te = members is not None and self.cope.te_enable
@@ -310,8 +310,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         if forecast and self.cope.action_forecast_mode == "joint":
             # OpenRLHF's DataLoader keeps whole micro-batches only (drop_last): that many micro-steps per epoch
             micro_steps = len(self.replay_buffer) // self.replay_buffer.sample_batch_size
-            trained = float(self._all_reduce(torch.tensor([float(len(self.__dict__.get("cope_forecast_samples", [])))]),
-                                             "sum")[0])
+            trained = self._forecast_samples_all_ranks()
             self.cope_joint_parts = self._forecast_parts_with_targets(micro_steps, micro_steps)
             self.cope_joint_loss = 0.0
         status = super().ppo_train(kl_ctl)
@@ -338,6 +337,11 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
     def _all_reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
         return self.strategy.all_reduce(values, op) if self._dp_size() > 1 else values
 
+    def _forecast_samples_all_ranks(self) -> float:
+        """How many forecast samples the ranks hold together (``cope/forecast_samples_trained``)."""
+        return float(self._all_reduce(torch.tensor([float(len(self.__dict__.get("cope_forecast_samples", [])))]),
+                                      "sum")[0])
+
     def _forecast_parts_with_targets(self, count: int, per_window: int) -> List[Tuple[List[ForecastSample], float]]:
         """This rank's forecast samples (then forgotten) cut into ``count`` parts, each with the target-token count
         of its window of ``per_window`` consecutive parts over all ranks (its normaliser N_target). With branch
@@ -345,9 +349,10 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         samples = self.__dict__.pop("cope_forecast_samples", [])
         if count == 0:
             return []
+        by_trajectory = self._cope_branch_pack(self.cope)
         units: Dict[int, List[ForecastSample]] = {}
         for i, s in enumerate(samples):
-            units.setdefault(s.row if self._cope_branch_pack(self.cope) else i, []).append(s)
+            units.setdefault(s.row if by_trajectory else i, []).append(s)
         units = list(units.values())
         chunk = -(-len(units) // count)
         parts = [[s for unit in units[c * chunk : (c + 1) * chunk] for s in unit] for c in range(count)]
@@ -400,7 +405,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         mini = self.cope.sft_mini_batch_size or getattr(self.args.train, "batch_size", None) or 0
         per_rank = -(-mini // dp_size) if mini else max(count, 1)
         steps = int(self._all_reduce(torch.tensor([float(-(-count // per_rank))]), "max")[0])
-        trained = float(self._all_reduce(torch.tensor([float(count)]), "sum")[0])
+        trained = self._forecast_samples_all_ranks()
         if steps == 0:
             self.__dict__.pop("cope_forecast_samples", None)
             return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0,
