@@ -20,7 +20,9 @@ Episode contract (token in, token out: the policy's tokens are never re-tokenize
 The episode ends when the env says done, after ``max_turns`` actions (MAX_TURNS, or the ScalingInter-RL
 horizon HORIZON_SCHEDULE at the current training step), at the per-episode deadline, or on any gateway failure
 (logged with its reason; the sample stays in its GRPO group with reward 0). The session is closed on every exit,
-also on error and cancellation. ``extra_logs``: turns, invalid_actions, env_time_s, success, env_failed, horizon.
+also on error and cancellation. ``extra_logs``: turns, invalid_actions (replies with no parsable action),
+rejected_actions (actions sent whose observation says they failed: ``is_invalid``), env_time_s, success, env_failed,
+horizon.
 
 Environment (set by the launcher; read at the start of every episode):
   COPE_GATEWAY_URL          gateway base URL (default http://127.0.0.1:8800)
@@ -187,7 +189,7 @@ class GatewayAgent(AgentInstanceBase):
         self.client = gateway_client(os.environ.get("COPE_GATEWAY_URL") or DEFAULT_GATEWAY_URL, self.call_timeout)
         self.session: EnvSession | None = None
         self.item_id = ""
-        self.turns = self.invalid = 0
+        self.turns = self.invalid = self.rejected = 0
         self.env_time = 0.0
         self.env_total = self.last_reward = 0.0
         self.scored = 0.0
@@ -282,7 +284,9 @@ class GatewayAgent(AgentInstanceBase):
             return self.result("", done=True)
         self.env_total += r.reward
         self.last_reward, self.done = r.reward, r.done
-        return self.result(self.format_observation(r.observation), done=r.done or self.turns >= self.horizon)
+        observation = self.format_observation(r.observation)
+        self.rejected += self.is_invalid(observation)
+        return self.result(observation, done=r.done or self.turns >= self.horizon)
 
     # ---- episode bookkeeping -------------------------------------------------------------------
     def item_from(self, prompt: str, label: Any) -> str:
@@ -312,7 +316,8 @@ class GatewayAgent(AgentInstanceBase):
         score = 0.0 if self.failed else self.score(self.env_total, self.last_reward, self.done)
         reward, self.scored = score - self.scored, score
         feedback = self.wrap_observation(observation or "The environment failed: the episode is over.")
-        logs = {"turns": self.turns, "invalid_actions": self.invalid, "env_time_s": round(self.env_time, 4),
+        logs = {"turns": self.turns, "invalid_actions": self.invalid, "rejected_actions": self.rejected,
+                "env_time_s": round(self.env_time, 4),
                 "success": float(not self.failed and self.success(score, self.done)),
                 "env_failed": float(self.failed), "horizon": self.horizon}
         return {"rewards": torch.tensor(reward), "scores": torch.tensor(score), "environment_feedback": feedback,

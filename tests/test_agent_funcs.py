@@ -90,7 +90,7 @@ def test_expert_episode_succeeds_token_in_token_out(stack, tok, gateway_env):
 
     logs = result["extra_logs"]
     assert logs["success"] == 1.0 and logs["env_failed"] == 0.0, (logs, gateway.output())
-    assert logs["turns"] == len(actions) and logs["invalid_actions"] == 0
+    assert logs["turns"] == len(actions) and logs["invalid_actions"] == 0 and logs["rejected_actions"] == 0
     expected = answers[-1]["reward"] if env == "babyai" else 1.0  # BabyAI passes minigrid's reward through
     assert result["reward"] == pytest.approx(expected) and result["reward"] > 0
 
@@ -122,7 +122,8 @@ def test_unparsable_and_wrong_actions_get_invalid_observations_and_no_reward(sta
 
     logs = result["extra_logs"]
     assert result["reward"] == 0.0 and logs["success"] == 0.0 and logs["env_failed"] == 0.0
-    assert logs["turns"] == 2 and logs["invalid_actions"] == 1  # the env judged the second one itself
+    assert logs["turns"] == 2 and logs["invalid_actions"] == 1  # the env judged the second one itself:
+    assert logs["rejected_actions"] == 1  # ... and said so in its own words (the agent class's is_invalid)
     feedback = [tok.decode(s) for s in spans(result)[1:]]
     assert feedback[0] == wrapped(INVALID_ACTION)
     assert feedback[1] == wrapped(server_says["observation"]) and server_says["reward"] == 0

@@ -27,6 +27,7 @@ COPE_METRICS = {
     "cope/te_slots", "cope/te_slot_coverage", "cope/te_kl",
 }
 RUN_METRICS = {"rollout/reward", "rollout/success_rate", "rollout/episode_length", "rollout/invalid_action_rate",
+               "rollout/rejected_action_rate",
                "train/policy_loss", "train/kl", "train/actor_lr", "train/actor_grad_norm", "eval/success_rate"}
 STEPS = 2
 ALL_SIGNALS = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all", "--cope.te_enable",
@@ -114,6 +115,22 @@ def test_every_metric_in_tensorboard(finished_run, warm_model):
     for tag in COPE_METRICS | RUN_METRICS:
         assert set(tags[tag]) <= set(range(STEPS + 1)) and len(tags[tag]) == len(set(tags[tag])), tag
     assert tags["eval/success_rate"] == [0, STEPS]
+
+
+def test_eval_episodes_file_matches_the_logged_rate(finished_run, warm_model):
+    """Each held-out episode is recorded with its item id, so before/after can be compared item by item."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = [json.loads(line) for line in open(warm_model / "ckpt" / "eval_episodes.jsonl")]
+    items = [r["label"] for r in level1_rows(range(0, 160, 40))]
+    acc = EventAccumulator(str(warm_model / "tb"))
+    acc.Reload()
+    logged = {e.step: e.value for e in acc.Scalars("eval/success_rate")}
+    assert sorted({r["step"] for r in rows}) == sorted(logged) == [0, STEPS]
+    for step, rate in logged.items():
+        at_step = [r for r in rows if r["step"] == step]
+        assert sorted(r["item_id"] for r in at_step) == sorted(items)
+        assert sum(r["success"] for r in at_step) / len(at_step) == pytest.approx(rate)
 
 
 def test_checkpoint_restores_same_state(finished_run, warm_model):

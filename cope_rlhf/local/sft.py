@@ -9,20 +9,22 @@ them out (agent_funcs/base.py): the chat template's text, cut at each agent repl
     [prompt ... "<assistant turn start>"] [reply_1 + EOS] [feedback_1 ... "<assistant turn start>"] [reply_2 + EOS] ...
 
 and the loss is the mean next-token cross-entropy over the reply pieces only (replies after the first
-observation; the acknowledgement belongs to the prompt). AdamW, a fixed seed, padded batches sorted by length.
+observation; the acknowledgement belongs to the prompt). AdamW with a constant (default) or decaying learning rate
+(``--schedule``), a fixed seed, padded batches sorted by length.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import time
 from typing import List, Optional, Tuple
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 FIRST_REPLY = 3  # messages[3] is the agent's first action
 
@@ -83,7 +85,7 @@ def batch_loss(model, batch: List[Tuple[List[int], List[int]]], pad_id: int) -> 
 
 
 def train(model_dir: str, demos_path: str, out: str, epochs: int, lr: float, batch_size: int, max_len: int,
-          seed: int) -> dict:
+          seed: int, schedule: str = "constant") -> dict:
     random.seed(seed)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -91,6 +93,8 @@ def train(model_dir: str, demos_path: str, out: str, epochs: int, lr: float, bat
     data = [demo_tokens(tokenizer, m, max_len) for m in read_demos(demos_path)]
     data = [d for d in data if sum(d[1])]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    steps = epochs * math.ceil(len(data) / batch_size)
+    scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=0, num_training_steps=steps)
     model.train()
     history = []
     for epoch in range(epochs):
@@ -103,6 +107,7 @@ def train(model_dir: str, demos_path: str, out: str, epochs: int, lr: float, bat
             (nll / n).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             total, tokens = total + float(nll.detach()), tokens + n
         history.append(total / tokens)
@@ -122,6 +127,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--out", help="where to save (default: <model>-sft)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--schedule", default="constant", choices=["constant", "cosine", "linear"],
+                        help="learning-rate schedule over all steps (cosine/linear decay to 0)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
@@ -129,4 +136,4 @@ def main(argv: Optional[List[str]] = None) -> dict:
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         parser.error("--epochs and --batch-size must be >= 1 and --lr > 0")
     return train(args.model, args.demos, args.out or args.model.rstrip("/") + "-sft", args.epochs, args.lr,
-                 args.batch_size, args.max_len, args.seed)
+                 args.batch_size, args.max_len, args.seed, args.schedule)

@@ -13,10 +13,12 @@ With every ``--cope.*`` switch off, each CoPE class returns what its OpenRLHF ba
 tests/test_local_additive.py runs ``LocalLoop.update`` with both). Flags are OpenRLHF's ``train_ppo_ray`` flags
 (same names and meanings, defaults sized for a small CPU run, see ``LOCAL_DEFAULTS``) plus the ``--cope.*`` group
 and a few ``--local.*`` ones. Logged to TensorBoard each step: ``rollout/*`` (reward, success_rate,
-episode_length, invalid_action_rate, ...), ``train/*`` (policy_loss, kl, actor_lr, actor_grad_norm, ...), every
+episode_length, invalid_action_rate = replies with no parsable action, rejected_action_rate = actions the env
+refused, ...), ``train/*`` (policy_loss, kl, actor_lr, actor_grad_norm, ...), every
 ``cope/*`` metric, ``eval/*`` on the held-out items (before training, every ``eval.steps``, and at the end).
 ``--ckpt.load_enable`` resumes from the newest checkpoint under ``ckpt.path`` with the same step counter,
-optimizer and schedule state, prompt position and RNG state (checkpoint.py). At the end: the policy in
+optimizer and schedule state, prompt position and RNG state (checkpoint.py). Every held-out episode is also
+appended to ``<ckpt.path>/eval_episodes.jsonl`` (step, item_id, success, reward). At the end: the policy in
 ``ckpt.output_dir`` and ``<ckpt.path>/summary.json`` (held-out success before/after, TensorBoard folder).
 """
 
@@ -81,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--local.env_replicas", dest="local.env_replicas", type=int, default=1)
     local.add_argument("--local.max_turns", dest="local.max_turns", type=int, default=None,
                        help="actions per episode (the agent func's MAX_TURNS; default: the env's own)")
+    local.add_argument("--local.eval_batch_size", dest="local.eval_batch_size", type=int, default=128,
+                       help="held-out prompts whose episodes run at once (each holds an env instance: keep it under "
+                            "the env server's --max-instances)")
     local.add_argument("--local.num_cpus", dest="local.num_cpus", type=int, default=os.cpu_count() or 2,
                        help="CPUs Ray may use (the rollout engine takes one)")
     local.add_argument("--local.device", dest="local.device", default="cuda" if torch.cuda.is_available() else "cpu",
@@ -116,8 +121,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f"rollout.batch_size x n_samples_per_prompt ({rollout * n}) must be a multiple of "
                      f"train.batch_size ({args.train.batch_size}), and that of train.micro_batch_size "
                      f"({args.train.micro_batch_size})")
-    if args.local.steps < 1:
-        parser.error("--local.steps must be >= 1")
+    if args.local.steps < 1 or args.local.eval_batch_size < 1:
+        parser.error("--local.steps and --local.eval_batch_size must be >= 1")
     if args.train.dynamic_batch_enable or args.ds.packing_samples:
         parser.error("--train.dynamic_batch_enable / --ds.packing_samples are not supported on the single-machine path")
     # OpenRLHF's own post-processing of these flags (cli/train_ppo_ray.py)
@@ -254,9 +259,13 @@ def episode_metrics(samples) -> Dict[str, float]:
         return sum(values) / len(values) if values else 0.0
 
     turns = sum(float(s.info["turns"].sum()) for s in samples if "turns" in s.info)
-    invalid = sum(float(s.info["invalid_actions"].sum()) for s in samples if "invalid_actions" in s.info)
+
+    def per_turn(key):
+        return sum(float(s.info[key].sum()) for s in samples if key in s.info) / turns if turns else 0.0
+
     return {"reward": mean("reward"), "success_rate": mean("success"), "episode_length": mean("turns"),
-            "invalid_action_rate": invalid / turns if turns else 0.0, "env_failed_rate": mean("env_failed"),
+            "invalid_action_rate": per_turn("invalid_actions"), "rejected_action_rate": per_turn("rejected_actions"),
+            "env_failed_rate": mean("env_failed"),
             "response_length": sum(float(s.response_length.float().mean()) for s in samples) / max(1, len(samples)),
             "episodes": float(len(samples))}
 
@@ -291,7 +300,18 @@ class Run:
         self.generator.eval_dataloader = PromptStream(self.eval_rows, 0, shuffle=False, endless=False)
         kwargs = dict(self.generate_kwargs, temperature=args.eval.temperature,
                       n_samples_per_prompt=args.eval.n_samples_per_prompt)
-        metrics = episode_metrics(self.generator.generate_eval_samples(**kwargs))
+        # OpenRLHF's eval dispatches rollout.batch_size prompts at a time, one batch after the other; on a small
+        # machine vLLM then idles between turns. The local path dispatches local.eval_batch_size at a time.
+        train_batch, args.rollout.batch_size = args.rollout.batch_size, args.local.eval_batch_size
+        try:
+            samples = self.generator.generate_eval_samples(**kwargs)
+        finally:
+            args.rollout.batch_size = train_batch
+        with open(os.path.join(args.ckpt.path, "eval_episodes.jsonl"), "a") as f:  # per item: paired intervals
+            for s in samples:
+                f.write(json.dumps({"step": step, "item_id": s.labels[0], "success": float(s.info["success"][0]),
+                                    "reward": float(s.info["reward"][0])}) + "\n")
+        metrics = episode_metrics(samples)
         self.log(step, metrics, "eval")
         return metrics
 
@@ -361,6 +381,9 @@ class Run:
             self.sync_weights()
         self.generator = SamplesGenerator(self.loop.strategy, self.stream, None, self.tokenizer, [self.engine])
         summary = {}
+        os.makedirs(args.ckpt.path, exist_ok=True)
+        if start == 0:  # a fresh run's held-out episodes replace an earlier run's (as its summary.json does)
+            open(os.path.join(args.ckpt.path, "eval_episodes.jsonl"), "w").close()
         if start == 0 and args.eval.dataset:
             summary["eval_before"] = self.evaluate(0)["success_rate"]
         bar = tqdm(range(start, args.local.steps), initial=start, total=args.local.steps, desc="train steps")
