@@ -46,7 +46,8 @@ WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300"],
               "textcraft": ["--heldout", "100", "--demos", "300"]}
 TURNS = {"babyai": 6, "textcraft": 10}
 # The quickstart's recipe (scripts/quickstart.sh; tests/test_learning_curve.py keeps the two equal).
-RECIPE = ["--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16",
+RECIPE = ["--algo.advantage.estimator", "dr_grpo", "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4",
+          "--train.batch_size", "16",
           "--actor.adam.lr", "3e-4", "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0.001",
           "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--vllm.enable_prefix_caching"]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}

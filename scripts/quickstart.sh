@@ -7,8 +7,10 @@
 # 2. the warm start (scripts/prepare_warm_start.py): BabyAI level 1 (GoToRedBallGrey) item ids of the train split,
 #    the last 200 held out for evaluation (never trained on), expert demos of 300 training items from the real
 #    server, a small model built offline, 6 epochs of SFT on the demos (cosine learning rate)
-# 3. GRPO (python -m cope_rlhf.local train): 15 steps of 8 items x 4 episodes, greedy held-out evaluation before
-#    training and every 5 steps
+# 3. GRPO (python -m cope_rlhf.local train): 15 steps of 8 items x 4 episodes, advantages centred on the group
+#    mean without dividing by its std (OpenRLHF's dr_grpo estimator: group_norm's std division turns BabyAI's tiny
+#    "fewer steps" bonus into full-size advantages, docs/results/quickstart_diagnosis.md), greedy held-out
+#    evaluation before training and every 5 steps
 # 4. scripts/run_report.py: held-out success before -> after with 95% intervals (the gain paired by item), and a
 #    PNG of rollout and held-out success per step
 #
@@ -74,7 +76,7 @@ step train "$PY" -m cope_rlhf.local train --env babyai \
   --data.prompt_dataset "$DIR/data/train.jsonl" --eval.dataset "$DIR/data/heldout.jsonl" \
   --local.steps "$STEPS" --local.max_turns 6 --eval.steps "$EVAL_EVERY" --ckpt.save_steps "$EVAL_EVERY" \
   --rollout.batch_size 8 --rollout.n_samples_per_prompt 4 --train.batch_size 16 \
-  --actor.adam.lr 3e-4 --actor.lr_warmup_ratio 0.1 \
+  --algo.advantage.estimator dr_grpo --actor.adam.lr 3e-4 --actor.lr_warmup_ratio 0.1 \
   --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3 --vllm.enable_prefix_caching \
   --ckpt.path "$DIR/ckpt" --ckpt.output_dir "$DIR/model-rl" --logger.tensorboard_dir "$DIR/tensorboard" \
   $COPE_FLAGS
