@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The first command: watch a small agent learn BabyAI with GRPO on one CPU machine (no GPU, no model hub).
+# The first command: train a small agent on BabyAI with GRPO on one CPU machine (no GPU, no model hub) and see its
+# held-out success before and after, with intervals. Runs of it do not yet agree on the gain:
+# docs/results/quickstart_diagnosis.md.
 #
 #   bash scripts/quickstart.sh
 #
