@@ -33,6 +33,12 @@ def load_item_ids(env: str, split: str) -> list[int]:
     return item_ids(split)
 
 
+def write_item_rows(path: str, env: str, ids: list) -> None:
+    """One prompt-dataset line per item: ``{"prompt": "<env>/<item_id>", "label": "<item_id>"}``."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"prompt": f"{env}/{i}", "label": str(i)}) + "\n" for i in ids)
+
+
 def main(argv: list[str] | None = None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", required=True, help="server module name under env_gateway/servers/")
@@ -54,9 +60,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     paths = []
     for split, ids in splits.items():
         paths.append(os.path.join(args.out, f"{args.env}_{split}.jsonl"))
-        with open(paths[-1], "w", encoding="utf-8") as f:
-            for item_id in ids:
-                f.write(json.dumps({"prompt": f"{args.env}/{item_id}", "label": str(item_id)}) + "\n")
+        write_item_rows(paths[-1], args.env, ids)
         print(f"make_itemids: wrote {len(ids)} {args.env} {split} items to {paths[-1]}")
     return paths
 

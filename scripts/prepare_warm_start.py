@@ -32,11 +32,6 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
 BABYAI_LEVELS = 40
 
 
-def write_rows(path: str, env: str, ids: list) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"prompt": f"{env}/{i}", "label": str(i)}) + "\n" for i in ids)
-
-
 def split_ids(ids: list, heldout: int, demos: int) -> tuple[list, list]:
     """(training ids, held-out ids): the held-out ones are the last ``heldout``; refuses too few ids."""
     if heldout < 1 or demos < 1:
@@ -69,6 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--levels are 1-{BABYAI_LEVELS}, got {args.levels}")
 
     import make_demos
+    from make_itemids import write_item_rows
     from cope_rlhf.local.sft import train as sft
     from make_tiny_model import main as make_tiny_model
     from tests.env_server_proc import EnvServerProcess
@@ -82,8 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
         if args.levels:
             ids = [i for i in ids if int(i) % BABYAI_LEVELS + 1 in args.levels]
         train, heldout = split_ids(ids, args.heldout, args.demos)
-        write_rows(os.path.join(data, "train.jsonl"), args.env, train)
-        write_rows(os.path.join(data, "heldout.jsonl"), args.env, heldout)
+        write_item_rows(os.path.join(data, "train.jsonl"), args.env, train)
+        write_item_rows(os.path.join(data, "heldout.jsonl"), args.env, heldout)
         print(f"[warm start] {len(train)} training and {len(heldout)} held-out item ids -> {data}", flush=True)
         demos = [make_demos.episode(server.url, args.env, int(i), args.demo_max_turns)
                  for i in tqdm(train[:args.demos], desc="expert demos", mininterval=5)]
