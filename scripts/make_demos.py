@@ -9,6 +9,11 @@ episode: ``{"env", "item_id", "reward" (summed), "success", "turns", "messages"}
 user: INSTRUCTIONS[env], assistant: ACKNOWLEDGEMENT, user: first observation, then per expert step
 assistant: "Thought:\\n<sentence>\\n\\nAction:\\n<action>" and user: the observation.
 Success: SciWorld needs a final score of 100; every other env a positive reward on the final, done step.
+
+``--policy view`` (BabyAI go-to / pick-up missions only) replaces the server's expert with ``view_only_action``:
+act on the goal object when the view lists it, else turn left. BabyAIBot's own moves in states where the goal is
+out of view depend on the map it knows, so from the text they look random and a policy trained on them cannot
+learn when to search; the view-only demonstrator's moves are a function of the text alone.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+from typing import Callable
 from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +47,23 @@ def thought(action: str) -> str:
     return f"The next step toward the goal is to {action}."
 
 
+BABYAI_GOAL = re.compile(r"Your goal: (go to|pick up) (?:the|a) (\w+) (\w+)\n")
+
+
+def view_only_action(first_observation: str, observation: str) -> str:
+    """BabyAI: the listed "<verb> <color> <type> 1" for the goal object named in the episode's first observation
+    (1 = the nearest of its kind) when the current view lists it, else "turn left" (three turns see the room)."""
+    goal = BABYAI_GOAL.search(first_observation)
+    if goal is None:
+        raise ValueError("view_only_action: the first observation has no 'Your goal: go to / pick up the <color> "
+                         "<type>' line; --policy view covers BabyAI's go-to and pick-up levels only. "
+                         f"Got: {first_observation[:200]!r}")
+    available = json.loads(observation.rsplit("Available actions: ", 1)[1].splitlines()[0])
+    verb, color, kind = goal.groups()
+    act = f"{verb} {color} {kind} 1"
+    return act if act in available else "turn left"
+
+
 def succeeded(env: str, last: dict) -> bool:
     if env == "sciworld":
         return bool(last.get("done")) and last.get("score") == 100
@@ -53,7 +77,9 @@ def ok(url: str, method: str, path: str, body: dict | None = None) -> dict:
     return out
 
 
-def episode(url: str, env: str, item_id: int, max_turns: int) -> dict:
+def episode(url: str, env: str, item_id: int, max_turns: int,
+            policy: Callable[[str, str], str] | None = None) -> dict:
+    """One demo; ``policy(first observation, observation) -> action`` instead of the server's expert when given."""
     env_id = ok(url, "POST", "/create")["id"]
     try:
         first = ok(url, "POST", "/reset", {"id": env_id, "data_idx": item_id})
@@ -62,7 +88,8 @@ def episode(url: str, env: str, item_id: int, max_turns: int) -> dict:
                     {"role": "user", "content": first["observation"]}]
         last, total, turns = first, 0.0, 0
         while not last.get("done") and turns < max_turns:
-            action = ok(url, "GET", f"/expert?id={env_id}")["action"]
+            action = (policy(first["observation"], last["observation"]) if policy
+                      else ok(url, "GET", f"/expert?id={env_id}")["action"])
             last = ok(url, "POST", "/step", {"id": env_id, "action": action})
             total += float(last.get("reward", 0))
             turns += 1
@@ -83,7 +110,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--offset", type=int, default=0, help="skip this many ids of the split first")
     parser.add_argument("--url", help="a running server (default: start one from .venvs/<env>)")
     parser.add_argument("--max-turns", type=int, default=200)
+    parser.add_argument("--policy", default="expert", choices=["expert", "view"],
+                        help="expert: the server's GET /expert; view: view_only_action (BabyAI go-to / pick-up)")
     args = parser.parse_args(argv)
+    if args.policy == "view" and args.env != "babyai":
+        parser.error("--policy view is BabyAI's (it reads BabyAI's goal line and action list)")
+    policy = view_only_action if args.policy == "view" else None
 
     with (nullcontext() if args.url else EnvServerProcess(args.env)) as proc:
         url = args.url or proc.url
@@ -91,7 +123,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if len(ids) < args.n:
             print(f"make_demos: the {args.split} split has only {len(ids)} ids after offset {args.offset}",
                   file=sys.stderr)
-        demos = [episode(url, args.env, item_id, args.max_turns) for item_id in ids]
+        demos = [episode(url, args.env, item_id, args.max_turns, policy) for item_id in ids]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         for demo in demos:

@@ -13,12 +13,14 @@ from tests.env_server_proc import ROOT, EnvServerProcess, replay, require_venv
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize("env", ["babyai", "textcraft", "searchqa"])
-def test_demos_replay_to_success(env, tmp_path):
+@pytest.mark.parametrize("env, policy", [("babyai", "expert"), ("textcraft", "expert"), ("searchqa", "expert"),
+                                         ("babyai", "view")])
+def test_demos_replay_to_success(env, policy, tmp_path):
     require_venv(env)
     out = tmp_path / f"{env}.jsonl"
     done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_demos.py"), "--env", env, "--n", "4",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+                           "--policy", policy, "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
     assert done.returncode == 0, done.stderr
     demos = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(demos) == 4 and all(d["success"] for d in demos)
@@ -35,3 +37,33 @@ def test_demos_replay_to_success(env, tmp_path):
             assert [r["observation"] for r in replies] == [m["content"] for m in msgs[2::2]]
             assert replies[-1]["done"] and replies[-1]["reward"] > 0
             assert sum(r["reward"] for r in replies) == pytest.approx(demo["reward"])
+
+
+def _babyai_view(goal_line: str, available: list) -> str:
+    return f"{goal_line}You see: a grey box 1 (2 steps forward).\nAvailable actions: {json.dumps(available)}"
+
+
+def test_view_only_demonstrator_acts_on_the_goal_in_view_and_searches_otherwise():
+    from scripts.make_demos import view_only_action
+    first = _babyai_view("Your goal: go to the red ball\n", ["turn left", "turn right", "go to grey box 1"])
+    blind = "You see: a grey box 1 (2 steps forward).\nAvailable actions: " + json.dumps(
+        ["turn left", "turn right", "move forward", "go to grey box 1", "go to red key 1"])
+    seen = blind.replace('"go to red key 1"', '"go to red ball 2", "go to red ball 1"')
+    assert view_only_action(first, blind) == "turn left"  # a red key is not the red ball
+    assert view_only_action(first, seen) == "go to red ball 1"  # the nearest red ball
+    pick = _babyai_view("Your goal: pick up a blue key\n", ["turn left", "pick up blue key 1", "go to blue key 1"])
+    assert view_only_action(pick, pick) == "pick up blue key 1"
+
+
+def test_view_only_demonstrator_refuses_missions_it_does_not_cover():
+    from scripts.make_demos import view_only_action
+    door = _babyai_view("Your goal: open the red door\n", ["turn left", "toggle"])
+    with pytest.raises(ValueError, match="go-to and pick-up levels only"):
+        view_only_action(door, door)
+
+
+def test_view_policy_is_babyais_only():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_demos.py"), "--env", "textcraft",
+                           "--n", "1", "--policy", "view", "--out", "unused.jsonl"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--policy view is BabyAI's" in done.stderr

@@ -24,6 +24,7 @@ def test_too_few_ids_for_the_request_is_a_clear_error():
 @pytest.mark.parametrize("argv, message", [
     (["--env", "textcraft", "--out", "x", "--levels", "1"], "--levels is BabyAI's"),
     (["--env", "babyai", "--out", "x", "--levels", "41"], "--levels are 1-40"),
+    (["--env", "textcraft", "--out", "x", "--demo-policy", "view"], "--demo-policy view is BabyAI's"),
 ])
 def test_levels_are_checked_before_anything_starts(argv, message, capsys):
     with pytest.raises(SystemExit):
