@@ -10,7 +10,7 @@ tiny model and its SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. Then
 forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed`` differing. A run whose ``summary.json`` exists is kept, so rerunning the command
 finishes an interrupted study.
 
-Writes ``<out>/learning_curve.png``: per env, held-out success (greedy) per eval step, mean over seeds ± 95%
+Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item) per eval step, mean over seeds ± 95%
 t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and config, held-out success
 before and at the last step (mean ± 95% half-width over seeds), the first eval step whose mean reaches GRPO's final
 mean ("never" if none), and seconds per training step (median over all steps of all seeds, rollout + update).
@@ -42,14 +42,16 @@ CONFIGS = {
             "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1",
             "--cope.grpo_filter_degenerate"],
 }
-WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300"],
-              "textcraft": ["--heldout", "100", "--demos", "300"]}
-TURNS = {"babyai": 6, "textcraft": 10}
+WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-random",
+                         "--epochs", "16"],
+              "textcraft": ["--heldout", "100", "--demos", "300", "--epochs", "16"]}
+TURNS = {"babyai": 3, "textcraft": 10}
 # The quickstart's recipe (scripts/quickstart.sh; tests/test_learning_curve.py keeps the two equal).
-RECIPE = ["--algo.advantage.estimator", "dr_grpo", "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4",
-          "--train.batch_size", "16",
-          "--actor.adam.lr", "3e-4", "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0.001",
-          "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--vllm.enable_prefix_caching"]
+RECIPE = ["--algo.advantage.estimator", "group_norm", "--actor.loss_agg_mode", "seq-mean-token-mean",
+          "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "32",
+          "--actor.adam.lr", "3e-4", "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0.01",
+          "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--vllm.enable_prefix_caching",
+          "--eval.temperature", "1.0", "--eval.n_samples_per_prompt", "2"]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> str:
             ax.plot(steps, means, marker="o", label=config)
             ax.fill_between(steps, [m - h for m, h in zip(means, halves)], [m + h for m, h in zip(means, halves)],
                             alpha=0.15)
-        ax.set_title(f"{env}: held-out success (greedy), mean ± 95% over {len(args.seeds)} seeds")
+        ax.set_title(f"{env}: held-out success (temperature 1), mean ± 95% over {len(args.seeds)} seeds")
         ax.set_xlabel("training step")
         ax.set_ylabel("success rate")
         ax.set_ylim(0, 1)

@@ -13,7 +13,10 @@ Success: SciWorld needs a final score of 100; every other env a positive reward 
 ``--policy view`` (BabyAI go-to / pick-up missions only) replaces the server's expert with ``view_only_action``:
 act on the goal object when the view lists it, else turn left. BabyAIBot's own moves in states where the goal is
 out of view depend on the map it knows, so from the text they look random and a policy trained on them cannot
-learn when to search; the view-only demonstrator's moves are a function of the text alone.
+learn when to search; the view-only demonstrator's moves are a function of the text alone. ``--policy
+view-random`` searches at random instead (turn left, turn right or move forward, uniformly among those listed; a
+generator seeded with the item id): a weaker demonstrator, so that RL has something to improve on (turning one
+way finds the goal in at most three turns; a random search often does not).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import sys
 from typing import Callable
@@ -50,9 +54,14 @@ def thought(action: str) -> str:
 BABYAI_GOAL = re.compile(r"Your goal: (go to|pick up) (?:the|a) (\w+) (\w+)\n")
 
 
-def view_only_action(first_observation: str, observation: str) -> str:
+SEARCH_MOVES = ("turn left", "turn right", "move forward")
+POLICIES = ["expert", "view", "view-random"]
+
+
+def view_only_action(first_observation: str, observation: str, search: random.Random | None = None) -> str:
     """BabyAI: the listed "<verb> <color> <type> 1" for the goal object named in the episode's first observation
-    (1 = the nearest of its kind) when the current view lists it, else "turn left" (three turns see the room)."""
+    (1 = the nearest of its kind) when the current view lists it, else "turn left" (three turns see the room), or
+    with ``search`` a uniform choice among the listed SEARCH_MOVES."""
     goal = BABYAI_GOAL.search(first_observation)
     if goal is None:
         raise ValueError("view_only_action: the first observation has no 'Your goal: go to / pick up the <color> "
@@ -61,7 +70,19 @@ def view_only_action(first_observation: str, observation: str) -> str:
     available = json.loads(observation.rsplit("Available actions: ", 1)[1].splitlines()[0])
     verb, color, kind = goal.groups()
     act = f"{verb} {color} {kind} 1"
-    return act if act in available else "turn left"
+    if act in available:
+        return act
+    return search.choice([m for m in SEARCH_MOVES if m in available]) if search else "turn left"
+
+
+def demo_policy(name: str, item_id: int) -> Callable[[str, str], str] | None:
+    """The ``--policy`` NAME for one episode: None (the server's expert) or a view-only demonstrator."""
+    if name == "view":
+        return view_only_action
+    if name == "view-random":
+        rng = random.Random(item_id)
+        return lambda first, observation: view_only_action(first, observation, rng)
+    return None
 
 
 def succeeded(env: str, last: dict) -> bool:
@@ -110,12 +131,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--offset", type=int, default=0, help="skip this many ids of the split first")
     parser.add_argument("--url", help="a running server (default: start one from .venvs/<env>)")
     parser.add_argument("--max-turns", type=int, default=200)
-    parser.add_argument("--policy", default="expert", choices=["expert", "view"],
-                        help="expert: the server's GET /expert; view: view_only_action (BabyAI go-to / pick-up)")
+    parser.add_argument("--policy", default="expert", choices=POLICIES,
+                        help="expert: the server's GET /expert; view / view-random: view_only_action, searching by "
+                             "turning left / at random (BabyAI go-to and pick-up levels)")
     args = parser.parse_args(argv)
-    if args.policy == "view" and args.env != "babyai":
-        parser.error("--policy view is BabyAI's (it reads BabyAI's goal line and action list)")
-    policy = view_only_action if args.policy == "view" else None
+    if args.policy != "expert" and args.env != "babyai":
+        parser.error(f"--policy {args.policy} is BabyAI's (it reads BabyAI's goal line and action list)")
 
     with (nullcontext() if args.url else EnvServerProcess(args.env)) as proc:
         url = args.url or proc.url
@@ -123,7 +144,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if len(ids) < args.n:
             print(f"make_demos: the {args.split} split has only {len(ids)} ids after offset {args.offset}",
                   file=sys.stderr)
-        demos = [episode(url, args.env, item_id, args.max_turns, policy) for item_id in ids]
+        demos = [episode(url, args.env, item_id, args.max_turns, demo_policy(args.policy, item_id)) for item_id in ids]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         for demo in demos:

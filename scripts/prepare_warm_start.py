@@ -2,7 +2,7 @@
 built here, and its supervised warm start.
 
     python scripts/prepare_warm_start.py --env babyai --out DIR [--levels 1] [--heldout 200] [--demos 300]
-                                         [--epochs 6] [--sft-lr 2e-3] [--sft-schedule cosine] [--seed 0]
+                                         [--epochs 16] [--sft-lr 2e-3] [--sft-schedule cosine] [--seed 0]
 
 Starts the env's real server (``.venvs/<env>``), asks it for the train split's item ids (``GET /items``), keeps
 BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
@@ -10,7 +10,8 @@ BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
     DIR/data/heldout.jsonl   the last ``--heldout`` of those ids: the held-out evaluation set
     DIR/data/train.jsonl     the others: RL's prompts
     DIR/data/demos.jsonl     expert episodes (scripts/make_demos.py's ``episode``) of the first ``--demos`` training ids
-                             (``--demo-policy view``: make_demos.view_only_action acts instead of the server's expert)
+                             (``--demo-policy view`` / ``view-random``: make_demos.view_only_action acts instead of the
+                             server's expert)
     DIR/model                scripts/make_tiny_model.py (tokenizer trained on the demos, ``--seed``)
     DIR/model-sft            ``python -m cope_rlhf.local sft`` on the demos' successful episodes
 
@@ -51,10 +52,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--heldout", type=int, default=200, help="held-out items (default 200)")
     parser.add_argument("--demos", type=int, default=300, help="expert episodes for the warm start (default 300)")
     parser.add_argument("--demo-max-turns", type=int, default=30, help="an expert episode's turn limit")
-    parser.add_argument("--demo-policy", default="expert", choices=["expert", "view"],
+    parser.add_argument("--demo-policy", default="expert", choices=["expert", "view", "view-random"],
                         help="who acts in the demos: the server's expert, or (BabyAI go-to / pick-up levels) "
-                             "make_demos.view_only_action, whose moves depend on the text view only")
-    parser.add_argument("--epochs", type=int, default=6, help="SFT epochs")
+                             "make_demos.view_only_action, whose moves depend on the text view only (view-random: "
+                             "it searches at random when the goal is not in view)")
+    parser.add_argument("--epochs", type=int, default=16,
+                        help="SFT epochs (default 16: at 6 the tiny model's per-token loss looks converged while its "
+                             "one decision token per reply is still near chance; docs/results/quickstart_diagnosis.md)")
     parser.add_argument("--sft-lr", type=float, default=2e-3)
     parser.add_argument("--sft-schedule", default="cosine", choices=["constant", "cosine", "linear"],
                         help="SFT learning-rate schedule (cosine: the tiny model then tells blind states from ones "
@@ -66,8 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error("--levels is BabyAI's (item id mod 40 + 1 is the level)")
         if not all(1 <= n <= BABYAI_LEVELS for n in args.levels):
             parser.error(f"--levels are 1-{BABYAI_LEVELS}, got {args.levels}")
-    if args.demo_policy == "view" and args.env != "babyai":
-        parser.error("--demo-policy view is BabyAI's (it reads BabyAI's goal line and action list)")
+    if args.demo_policy != "expert" and args.env != "babyai":
+        parser.error(f"--demo-policy {args.demo_policy} is BabyAI's (it reads BabyAI's goal line and action list)")
 
     import make_demos
     from make_itemids import write_item_rows
@@ -87,8 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
         write_item_rows(os.path.join(data, "train.jsonl"), args.env, train)
         write_item_rows(os.path.join(data, "heldout.jsonl"), args.env, heldout)
         print(f"[warm start] {len(train)} training and {len(heldout)} held-out item ids -> {data}", flush=True)
-        policy = make_demos.view_only_action if args.demo_policy == "view" else None
-        demos = [make_demos.episode(server.url, args.env, int(i), args.demo_max_turns, policy)
+        demos = [make_demos.episode(server.url, args.env, int(i), args.demo_max_turns,
+                                    make_demos.demo_policy(args.demo_policy, int(i)))
                  for i in tqdm(train[:args.demos], desc="expert demos", mininterval=5)]
     demos_path = os.path.join(data, "demos.jsonl")
     with open(demos_path, "w", encoding="utf-8") as f:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.mark.parametrize("env, policy", [("babyai", "expert"), ("textcraft", "expert"), ("searchqa", "expert"),
-                                         ("babyai", "view")])
+                                         ("babyai", "view"), ("babyai", "view-random")])
 def test_demos_replay_to_success(env, policy, tmp_path):
     require_venv(env)
     out = tmp_path / f"{env}.jsonl"
@@ -53,6 +53,23 @@ def test_view_only_demonstrator_acts_on_the_goal_in_view_and_searches_otherwise(
     assert view_only_action(first, seen) == "go to red ball 1"  # the nearest red ball
     pick = _babyai_view("Your goal: pick up a blue key\n", ["turn left", "pick up blue key 1", "go to blue key 1"])
     assert view_only_action(pick, pick) == "pick up blue key 1"
+
+
+def test_random_search_picks_listed_moves_and_repeats_per_item():
+    from scripts.make_demos import SEARCH_MOVES, demo_policy
+    first = _babyai_view("Your goal: go to the red ball\n", ["turn left"])
+    walled = "You see: no objects.\nAvailable actions: " + json.dumps(["turn left", "turn right", "go to grey box 1"])
+    open_view = walled.replace('"turn right"', '"turn right", "move forward"')
+    search = demo_policy("view-random", 7)
+    picks = [search(first, walled) for _ in range(40)]
+    assert set(picks) == {"turn left", "turn right"}  # never an unlisted "move forward", never a distractor
+    draw = demo_policy("view-random", 7)
+    moves = [draw(first, open_view) for _ in range(60)]
+    assert set(moves) == set(SEARCH_MOVES)
+    again = demo_policy("view-random", 7)
+    assert [again(first, open_view) for _ in range(60)] == moves  # seeded by the item id: demos are reproducible
+    seen = open_view.replace('"go to grey box 1"', '"go to red ball 1"')
+    assert draw(first, seen) == "go to red ball 1"
 
 
 def test_view_only_demonstrator_refuses_missions_it_does_not_cover():
