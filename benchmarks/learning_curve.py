@@ -10,8 +10,8 @@ tiny model and its SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. Then
 forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed`` differing. A run whose ``summary.json`` exists is kept, so rerunning the command
 finishes an interrupted study.
 
-Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item) per eval step, mean over seeds ± 95%
-t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and config, held-out success
+Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item) per eval step,
+mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and config, held-out success
 before and at the last step (mean ± 95% half-width over seeds), the first eval step whose mean reaches GRPO's final
 mean ("never" if none), and seconds per training step (median over all steps of all seeds, rollout + update).
 Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s) and takes ~20-40 s per

@@ -27,8 +27,8 @@ import os
 import random
 import re
 import sys
-from typing import Callable
 from contextlib import nullcontext
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

@@ -31,6 +31,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
 
+import make_demos  # noqa: E402  (stdlib only at import: the demo policies and the episode loop)
+
 BABYAI_LEVELS = 40
 
 
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--heldout", type=int, default=200, help="held-out items (default 200)")
     parser.add_argument("--demos", type=int, default=300, help="expert episodes for the warm start (default 300)")
     parser.add_argument("--demo-max-turns", type=int, default=30, help="an expert episode's turn limit")
-    parser.add_argument("--demo-policy", default="expert", choices=["expert", "view", "view-random"],
+    parser.add_argument("--demo-policy", default="expert", choices=make_demos.POLICIES,
                         help="who acts in the demos: the server's expert, or (BabyAI go-to / pick-up levels) "
                              "make_demos.view_only_action, whose moves depend on the text view only (view-random: "
                              "it searches at random when the goal is not in view)")
@@ -73,7 +75,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.demo_policy != "expert" and args.env != "babyai":
         parser.error(f"--demo-policy {args.demo_policy} is BabyAI's (it reads BabyAI's goal line and action list)")
 
-    import make_demos
     from make_itemids import write_item_rows
     from cope_rlhf.local.sft import train as sft
     from make_tiny_model import main as make_tiny_model
