@@ -1,6 +1,6 @@
 """The learning study: stock GRPO against each CoPE signal, over seeds and envs, from one warm start per env.
 
-    .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo forecast te info all]
+    .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, expert demos, a
@@ -15,7 +15,7 @@ mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/
 before and at the last step (mean ± 95% half-width over seeds), the first eval step whose mean reaches GRPO's final
 mean ("never" if none), and seconds per training step (median over all steps of all seeds, rollout + update).
 Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s) and takes ~20-40 s per
-step on 2 CPU cores; the default grid is 2 envs x 5 configs x 3 seeds.
+step on 2 CPU cores; the default grid is 2 envs x 6 configs x 3 seeds.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
+# One CoPE signal per config on top of stock GRPO (the quickstart runs "filter": docs/results/quickstart_diagnosis.md
+# point 19), and all of them together.
 CONFIGS = {
     "grpo": [],
+    "filter": ["--cope.grpo_filter_degenerate"],
     "forecast": ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint"],
     "te": ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint", "--cope.te_enable",
            "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0"],
@@ -42,14 +45,16 @@ CONFIGS = {
             "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1",
             "--cope.grpo_filter_degenerate"],
 }
-WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-random",
+WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-hesitant",
                          "--epochs", "16"],
               "textcraft": ["--heldout", "100", "--demos", "300", "--epochs", "16"]}
 TURNS = {"babyai": 3, "textcraft": 10}
-# The quickstart's recipe (scripts/quickstart.sh; tests/test_learning_curve.py keeps the two equal).
+# The quickstart's recipe less its CoPE switch (scripts/quickstart.sh; tests/test_learning_curve.py keeps the two
+# equal).
 RECIPE = ["--algo.advantage.estimator", "group_norm", "--actor.loss_agg_mode", "seq-mean-token-mean",
           "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "32",
-          "--actor.adam.lr", "3e-4", "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0.01",
+          "--actor.adam.lr", "3e-4", "--actor.lr_warmup_ratio", "0.1", "--actor.lr_scheduler", "cosine_with_min_lr",
+          "--algo.kl.init_coef", "0.01",
           "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--vllm.enable_prefix_caching",
           "--eval.temperature", "1.0", "--eval.n_samples_per_prompt", "2"]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}

@@ -16,7 +16,9 @@ out of view depend on the map it knows, so from the text they look random and a 
 learn when to search; the view-only demonstrator's moves are a function of the text alone. ``--policy
 view-random`` searches at random instead (turn left, turn right or move forward, uniformly among those listed; a
 generator seeded with the item id): a weaker demonstrator, so that RL has something to improve on (turning one
-way finds the goal in at most three turns; a random search often does not).
+way finds the goal in at most three turns; a random search often does not). ``--policy view-hesitant`` searches at
+random too, and passes over a listed goal with probability HESITATION (searching on instead): a warm start that
+imitates it leaves RL the plainest thing to learn, going to the goal when it is in view (the quickstart's).
 """
 
 from __future__ import annotations
@@ -55,13 +57,16 @@ BABYAI_GOAL = re.compile(r"Your goal: (go to|pick up) (?:the|a) (\w+) (\w+)\n")
 
 
 SEARCH_MOVES = ("turn left", "turn right", "move forward")
-POLICIES = ["expert", "view", "view-random"]
+POLICIES = ["expert", "view", "view-random", "view-hesitant"]
+HESITATION = 0.5  # view-hesitant: the chance of searching on although the view lists the goal
 
 
-def view_only_action(first_observation: str, observation: str, search: random.Random | None = None) -> str:
+def view_only_action(first_observation: str, observation: str, search: random.Random | None = None,
+                     hesitation: float = 0.0) -> str:
     """BabyAI: the listed "<verb> <color> <type> 1" for the goal object named in the episode's first observation
     (1 = the nearest of its kind) when the current view lists it, else "turn left" (three turns see the room), or
-    with ``search`` a uniform choice among the listed SEARCH_MOVES."""
+    with ``search`` a uniform choice among the listed SEARCH_MOVES. With ``search`` and ``hesitation`` h, a listed
+    goal is passed over (searched on) with probability h."""
     goal = BABYAI_GOAL.search(first_observation)
     if goal is None:
         raise ValueError("view_only_action: the first observation has no 'Your goal: go to / pick up the <color> "
@@ -70,7 +75,7 @@ def view_only_action(first_observation: str, observation: str, search: random.Ra
     available = json.loads(observation.rsplit("Available actions: ", 1)[1].splitlines()[0])
     verb, color, kind = goal.groups()
     act = f"{verb} {color} {kind} 1"
-    if act in available:
+    if act in available and not (search and search.random() < hesitation):
         return act
     return search.choice([m for m in SEARCH_MOVES if m in available]) if search else "turn left"
 
@@ -82,6 +87,9 @@ def demo_policy(name: str, item_id: int) -> Callable[[str, str], str] | None:
     if name == "view-random":
         rng = random.Random(item_id)
         return lambda first, observation: view_only_action(first, observation, rng)
+    if name == "view-hesitant":
+        rng = random.Random(item_id)
+        return lambda first, observation: view_only_action(first, observation, rng, HESITATION)
     return None
 
 
@@ -132,8 +140,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--url", help="a running server (default: start one from .venvs/<env>)")
     parser.add_argument("--max-turns", type=int, default=200)
     parser.add_argument("--policy", default="expert", choices=POLICIES,
-                        help="expert: the server's GET /expert; view / view-random: view_only_action, searching by "
-                             "turning left / at random (BabyAI go-to and pick-up levels)")
+                        help="expert: the server's GET /expert; view / view-random / view-hesitant: view_only_action, "
+                             "searching by turning left / at random / at random and passing over the goal in view "
+                             "half of the time (BabyAI go-to and pick-up levels)")
     args = parser.parse_args(argv)
     if args.policy != "expert" and args.env != "babyai":
         parser.error(f"--policy {args.policy} is BabyAI's (it reads BabyAI's goal line and action list)")

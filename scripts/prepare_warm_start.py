@@ -10,8 +10,8 @@ BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
     DIR/data/heldout.jsonl   the last ``--heldout`` of those ids: the held-out evaluation set
     DIR/data/train.jsonl     the others: RL's prompts
     DIR/data/demos.jsonl     expert episodes (scripts/make_demos.py's ``episode``) of the first ``--demos`` training ids
-                             (``--demo-policy view`` / ``view-random``: make_demos.view_only_action acts instead of the
-                             server's expert)
+                             (``--demo-policy view`` / ``view-random`` / ``view-hesitant``: make_demos.view_only_action
+                             acts instead of the server's expert)
     DIR/model                scripts/make_tiny_model.py (tokenizer trained on the demos, ``--seed``)
     DIR/model-sft            ``python -m cope_rlhf.local sft`` on the demos' successful episodes
 
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--demo-policy", default="expert", choices=make_demos.POLICIES,
                         help="who acts in the demos: the server's expert, or (BabyAI go-to / pick-up levels) "
                              "make_demos.view_only_action, whose moves depend on the text view only (view-random: "
-                             "it searches at random when the goal is not in view)")
+                             "it searches at random when the goal is not in view; view-hesitant: also when it is, "
+                             "half of the time)")
     parser.add_argument("--epochs", type=int, default=16,
                         help="SFT epochs (default 16: at 6 the tiny model's per-token loss looks converged while its "
                              "one decision token per reply is still near chance; docs/results/quickstart_diagnosis.md)")

@@ -8,21 +8,25 @@
 # 1. set-up (scripts/setup.sh: the trainer venv and the BabyAI server's venv; a second run installs nothing)
 # 2. the warm start (scripts/prepare_warm_start.py): BabyAI level 1 (GoToRedBallGrey) item ids of the train split,
 #    the last 200 held out for evaluation (never trained on), demos of 300 training items from a demonstrator that
-#    reads only the text view: it goes to the red ball when the view lists it and otherwise searches at random
-#    (turn left / turn right / move forward), a small model built offline, 16 epochs of SFT on the demos (cosine
-#    learning rate; fewer epochs leave the model unable to tell whether the ball is in view)
-# 3. GRPO (python -m cope_rlhf.local train): 3 turns per episode (searching at random often runs out of them;
-#    turning one way rarely does), 60 steps of 8 items x 8 episodes, 2 updates a step, advantages normalised within
-#    each item's group (group_norm), each episode's loss the mean over its own tokens (seq-mean-token-mean), KL loss
-#    0.01 to the warm start; held-out evaluation at temperature 1 (2 episodes per item) before training and every
-#    10 steps
+#    reads only the text view and hesitates: when the view lists the red ball it goes there only half of the time,
+#    otherwise (and whenever the ball is out of view) it searches at random (turn left / turn right / move forward);
+#    a small model built offline, 16 epochs of SFT on the demos (cosine learning rate; fewer epochs leave the model
+#    unable to tell whether the ball is in view). The warm start imitates the hesitation, so it starts well below
+#    what the room allows, and RL has to find out that going to the ball when it is in view pays.
+# 3. GRPO (python -m cope_rlhf.local train): 3 turns per episode, 60 steps of 8 items x 8 episodes, 2 updates a
+#    step, advantages normalised within each item's group (group_norm) with CoPE's degenerate-group filter on
+#    (groups whose eight rewards are equal train nothing: OpenRLHF's group_norm would hand each of them a uniform
+#    advantage of about +-0.93 made of float rounding, since BabyAI's wins pay 1 - 0.9 * steps / max_steps),
+#    each episode's loss the mean over its own tokens (seq-mean-token-mean), KL loss 0.01 to the warm start,
+#    learning rate 3e-4 with warm-up and cosine decay; held-out evaluation at temperature 1 (2 episodes per item)
+#    before training and every 10 steps
 # 4. scripts/run_report.py: held-out success before -> after with 95% intervals (the gain paired by item), and a
 #    PNG of rollout and held-out success per step
 #
 # Environment: QUICKSTART_DIR (default runs/quickstart), QUICKSTART_STEPS (RL steps, default 60),
 # QUICKSTART_EVAL_EVERY (default 10), QUICKSTART_DEMOS (default 300), QUICKSTART_HELDOUT (default 200),
-# QUICKSTART_COPE_FLAGS (CoPE switches added to the run, e.g. "--cope.info_intrinsic_weight 0.1"; default none:
-# the quickstart's recipe is measured with stock GRPO, docs/results/quickstart_diagnosis.md),
+# QUICKSTART_COPE_FLAGS (more CoPE switches added to the run, e.g. "--cope.info_intrinsic_weight 0.1"; default
+# none: the recipe is measured with GRPO and the degenerate-group filter only, docs/results/quickstart_diagnosis.md),
 # QUICKSTART_SKIP_SETUP=1 (use the venvs as they are). Everything it starts is stopped on exit.
 set -euo pipefail
 
@@ -74,7 +78,7 @@ fi
 mkdir -p "$DIR/logs"
 
 step warmstart "$PY" scripts/prepare_warm_start.py --env babyai --levels 1 --heldout "$HELDOUT" --demos "$DEMOS" \
-  --demo-policy view-random --epochs 16 --sft-schedule cosine --out "$DIR"
+  --demo-policy view-hesitant --epochs 16 --sft-schedule cosine --out "$DIR"
 rm -rf "$DIR/ckpt" "$DIR/tensorboard"
 step train "$PY" -m cope_rlhf.local train --env babyai \
   --actor.model_name_or_path "$DIR/model-sft" \
@@ -83,7 +87,8 @@ step train "$PY" -m cope_rlhf.local train --env babyai \
   --eval.temperature 1.0 --eval.n_samples_per_prompt 2 \
   --rollout.batch_size 8 --rollout.n_samples_per_prompt 8 --train.batch_size 32 \
   --algo.advantage.estimator group_norm --actor.loss_agg_mode seq-mean-token-mean \
-  --actor.adam.lr 3e-4 --actor.lr_warmup_ratio 0.1 \
+  --cope.grpo_filter_degenerate true \
+  --actor.adam.lr 3e-4 --actor.lr_warmup_ratio 0.1 --actor.lr_scheduler cosine_with_min_lr \
   --algo.kl.init_coef 0.01 --algo.kl.use_loss --algo.kl.estimator k3 --vllm.enable_prefix_caching \
   --ckpt.path "$DIR/ckpt" --ckpt.output_dir "$DIR/model-rl" --logger.tensorboard_dir "$DIR/tensorboard" \
   $COPE_FLAGS

@@ -42,6 +42,22 @@ def test_filter_hand_computed():
     assert batch[1].action_mask.tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
 
 
+def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_and_the_filter_removes_it():
+    """BabyAI pays 1 - 0.9 * steps / max_steps for a win, so eight winners of one item that took the same path
+    score the same non-dyadic float (0.951 = 1 - 0.9 * 3.5 / 64 is one). OpenRLHF's group_norm divides float32
+    rounding (mean - r ~ 1e-8) by std + 1e-9 (~1e-8): every one of the eight gets the same advantage of about
+    -0.93 (the sign is fixed by the reward value), a full-scale push against the winning behaviour. The
+    degenerate-group filter (std <= 1e-6) zeroes it. docs/results/quickstart_diagnosis.md point 19."""
+    mask = torch.ones(8, 3, dtype=torch.long)
+    for reward, sign in ((0.951, -1), (0.9325, +1)):
+        batch = [Experience(action_mask=mask.clone(), rewards=torch.full((8,), reward), kl=torch.zeros(8, 3))]
+        batch[0].index = list(range(8))
+        stock_grpo(batch, n=8)
+        assert torch.allclose(batch[0].advantages, torch.full((8, 3), sign * 0.93), atol=0.01)  # not 0
+        assert filter_degenerate_groups(batch, 8) == {"cope/filtered_frac": 1.0}
+        assert not batch[0].advantages.any() and not batch[0].action_mask.any()
+
+
 def test_filter_with_info_gain_removes_the_extrinsic_term_only():
     """With the KL in the reward, a degenerate group still has non-zero returns and advantages (-kl_coef * kl); the
     filter zeroes them but keeps the action mask, so that the intrinsic term can train the group."""

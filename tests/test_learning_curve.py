@@ -21,6 +21,8 @@ def test_the_study_runs_the_quickstart_recipe():
         flag, value = recipe[i], recipe[i + 1] if i + 1 < len(recipe) and not recipe[i + 1].startswith("--") else None
         assert (f"{flag} {value}" if value else flag) in flags, (flag, value)
         i += 2 if value else 1
+    # the quickstart's CoPE switches are the study's "filter" config
+    assert re.findall(r"--cope\.\w+", flags) == learning_curve.CONFIGS["filter"]
 
 
 def test_half_width_is_the_t_interval():

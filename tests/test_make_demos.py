@@ -14,7 +14,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.mark.parametrize("env, policy", [("babyai", "expert"), ("textcraft", "expert"), ("searchqa", "expert"),
-                                         ("babyai", "view"), ("babyai", "view-random")])
+                                         ("babyai", "view"), ("babyai", "view-random"),
+                                         ("babyai", "view-hesitant")])
 def test_demos_replay_to_success(env, policy, tmp_path):
     require_venv(env)
     out = tmp_path / f"{env}.jsonl"
@@ -70,6 +71,24 @@ def test_random_search_picks_listed_moves_and_repeats_per_item():
     assert [again(first, open_view) for _ in range(60)] == moves  # seeded by the item id: demos are reproducible
     seen = open_view.replace('"go to grey box 1"', '"go to red ball 1"')
     assert draw(first, seen) == "go to red ball 1"
+
+
+def test_hesitant_demonstrator_passes_over_the_goal_in_view_half_of_the_time():
+    """view-hesitant: a listed goal is taken with probability 1 - HESITATION, else a listed search move; the ball
+    out of view is searched for as view-random does; seeded by the item id."""
+    from scripts.make_demos import HESITATION, SEARCH_MOVES, demo_policy
+    first = _babyai_view("Your goal: go to the red ball\n", ["turn left"])
+    seen = "You see: a red ball 1.\nAvailable actions: " + json.dumps(
+        ["turn left", "turn right", "move forward", "go to red ball 1", "go to grey box 1"])
+    hesitant = demo_policy("view-hesitant", 3)
+    picks = [hesitant(first, seen) for _ in range(400)]
+    assert set(picks) == {"go to red ball 1", *SEARCH_MOVES}  # never the distractor
+    taken = picks.count("go to red ball 1") / len(picks)
+    assert HESITATION == 0.5 and 0.42 < taken < 0.58  # 400 draws: 4 standard errors either side
+    again = demo_policy("view-hesitant", 3)
+    assert [again(first, seen) for _ in range(400)] == picks
+    blind = seen.replace('"go to red ball 1", ', "")
+    assert {hesitant(first, blind) for _ in range(60)} == set(SEARCH_MOVES)
 
 
 def test_view_only_demonstrator_refuses_missions_it_does_not_cover():
