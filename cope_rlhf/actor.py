@@ -36,12 +36,16 @@ The forecast loss, over this rank's forecast samples (``info[FORECAST_KEY]``, ta
   its part's share (N_target over the whole rollout and all ranks), one extra forward per micro-step.
 
 Either way every rank runs the same number of forecast forwards (a rank with nothing left runs a zero-weight
-stand-in), as ZeRO-3's parameter gathering requires.
+stand-in), as ZeRO-3's parameter gathering requires. The separate pass must also start on a fresh accumulation
+window: ``cope_forecast_step`` counts the PPO pass's micro-steps and refuses a count that is not a multiple of the
+window (DeepSpeed would otherwise take the PPO optimizer step inside the forecast pass, on both gradients mixed).
 
 Remote methods for the experience maker (no gradient, pre-update weights): ``cope_frozen_signals`` (what the
 maker calls: both of the next two, branch-packed on shared rows when both are on), ``cope_info_gain`` (per-token
 intrinsic reward of the masked-feedback counterfactual) and ``cope_te_members`` (top-M forecast members).
-All logits here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does.
+All logits here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does. Each of
+them runs as many forwards on every data-parallel rank as the busiest rank needs (``_same_forward_count``: the
+others run one-token dummies), although ranks hold different rows: under ZeRO-3 uneven counts would hang.
 
 ``BRANCH_PACK`` (``--cope.branch_pack``, default on) picks how all three are computed, not what: one packed forward
 per trajectory, its turns as branches under a block mask (``cope_rlhf.branches``), with the model switched by
@@ -56,14 +60,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import ray
 import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
-from cope_rlhf.branches import block_attention, contiguous_span, dense_mask, run_requests
+from cope_rlhf.branches import BlockMaskFn, block_attention, contiguous_span, dense_mask, run_requests
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import (ForecastSample, collate_forecast_samples, forecast_nll, kept_logit_columns,
                                 pack_forecast_samples, packed_forecast_nll)
@@ -90,9 +94,43 @@ class CoPEActorMethods:
     """Methods that need only ``self.actor`` (OpenRLHF ``Actor``) and ``self.strategy``: shared by the Ray
     policy actor and the CPU stand-in used in tests."""
 
+    def _dp_size(self) -> int:
+        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1  # DP only (CLI)
+
+    def _all_reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
+        return self.strategy.all_reduce(values, op) if self._dp_size() > 1 else values
+
+    @contextlib.contextmanager
+    def _same_forward_count(self) -> Iterator[None]:
+        """Every data-parallel rank runs as many model forwards inside this block as the rank that runs the most.
+
+        Why: under ZeRO-3 every forward all-gathers each layer's parameters from all ranks, so a rank that runs one
+        forward more than another waits for a partner that never comes, until the process-group timeout. How many
+        forwards a CoPE call runs depends on the rank's rows (turns with probes, forecast samples) and is known only
+        as they run, so the ranks agree forward by forward: before each forward of ``_cope_logits`` a rank all-reduces
+        MAX of 1 ("one more"); a rank whose work is done all-reduces 0 instead and, each time the answer is 1, runs a
+        one-token dummy forward (output discarded), until the answer is 0 (no rank has any left). Every rank then
+        runs max-over-ranks forwards and max + 1 scalar all-reduces. With one rank nothing extra runs. In nested
+        blocks the outermost one counts. If the body raises, no dummies run (the other ranks then wait: the error
+        raised here is the one to read)."""
+        if self._dp_size() == 1 or self.__dict__.get("_cope_lockstep"):
+            yield
+            return
+        self._cope_lockstep = True
+        try:
+            yield
+        finally:
+            self._cope_lockstep = False
+        one_token = torch.zeros((1, 1), dtype=torch.long)
+        with torch.no_grad():
+            while self._all_reduce(torch.zeros(1), "max")[0] > 0:
+                self._cope_logits(one_token, torch.ones_like(one_token), one_token, 1)
+
     def _cope_logits(self, input_ids, attention_mask, position_ids, keep=None) -> torch.Tensor:
         """The ``logits_fn`` of the signal modules (``info_gain.LogitsFn``): ``keep`` (column indices, or a count
         of last columns) becomes HF's ``logits_to_keep``, so the LM head runs only where logits are read."""
+        if self.__dict__.get("_cope_lockstep"):
+            self._all_reduce(torch.ones(1), "max")  # "one more forward here" (see _same_forward_count)
         device = _device(self.actor.model)
         if isinstance(attention_mask, torch.Tensor):  # a flex-attention BlockMask is built on the device already
             attention_mask = attention_mask.to(device)
@@ -111,6 +149,19 @@ class CoPEActorMethods:
         """``block_attention`` on the actor's model when packing, else its own attention (the builder is unused)."""
         return block_attention(self.actor.model) if branch_pack else contextlib.nullcontext(dense_mask)
 
+    @contextlib.contextmanager
+    def _pre_update_forwards(self, branch_pack: bool) -> Iterator[BlockMaskFn]:
+        """The setting of the no-gradient CoPE forwards: the model in eval mode, the attention ``branch_pack`` needs
+        (yields its mask builder), and the same forward count on every data-parallel rank."""
+        was_training = self.actor.training
+        with self._same_forward_count():
+            self.actor.eval()
+            try:
+                with self._cope_attention(branch_pack) as build:
+                    yield build
+            finally:
+                self.actor.train(was_training)
+
     @torch.no_grad()
     def cope_info_gain(self, sequences, attention_mask, action_mask):
         """(per-token intrinsic reward (B, A) on CPU, metrics) for one batch."""
@@ -120,17 +171,12 @@ class CoPEActorMethods:
         if holes:
             logger.warning("info gain: per-turn path for this batch (same values, one forward per turn): %s", holes)
             pack = False
-        was_training = self.actor.training
-        self.actor.eval()
-        try:
-            with self._cope_attention(pack) as build:
-                rewards, _, metrics = info_gain_rewards(
-                    self._cope_logits, sequences, attention_mask, action_mask,
-                    probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
-                    rows_per_forward=config.info_kl_batch, branch_pack=pack, block_mask=build,
-                )
-        finally:
-            self.actor.train(was_training)
+        with self._pre_update_forwards(pack) as build:
+            rewards, _, metrics = info_gain_rewards(
+                self._cope_logits, sequences, attention_mask, action_mask,
+                probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
+                rows_per_forward=config.info_kl_batch, branch_pack=pack, block_mask=build,
+            )
         return rewards.cpu(), metrics
 
     @torch.no_grad()
@@ -138,16 +184,11 @@ class CoPEActorMethods:
         """Top-M members of one trajectory's action tokens, from its own forecast samples."""
         config = CoPEConfig.from_args(self.strategy.args)
         pack = self._cope_branch_pack(config)
-        was_training = self.actor.training
-        self.actor.eval()
-        try:
-            with self._cope_attention(pack) as build:
-                trimmed, logits = member_logits(
-                    self._cope_logits, samples, branch_pack=pack, rows_per_forward=config.te_micro_batch_size_per_gpu,
-                    block_mask=build, device=_device(self.actor.model),
-                )
-        finally:
-            self.actor.train(was_training)
+        with self._pre_update_forwards(pack) as build:
+            trimmed, logits = member_logits(
+                self._cope_logits, samples, branch_pack=pack, rows_per_forward=config.te_micro_batch_size_per_gpu,
+                block_mask=build, device=_device(self.actor.model),
+            )
         return _members(trimmed, logits, tokens, turns)
 
     @torch.no_grad()
@@ -161,8 +202,10 @@ class CoPEActorMethods:
         # rows with holes: cope_info_gain warns and takes its per-turn path
         fused = info_gain and samples is not None and self._cope_branch_pack(config) and not _row_holes(attention_mask)
         if not fused:
-            gain = self.cope_info_gain(sequences, attention_mask, action_mask) if info_gain else None
-            members = None if samples is None else [self.cope_te_members(s, *t) for s, t in zip(samples, trajectories)]
+            with self._same_forward_count():  # one count for the whole call: ranks may hold different numbers of rows
+                gain = self.cope_info_gain(sequences, attention_mask, action_mask) if info_gain else None
+                members = (None if samples is None
+                           else [self.cope_te_members(s, *t) for s, t in zip(samples, trajectories)])
             return gain, members
         turns = turn_spans(action_mask, sequences.shape[1], attention_mask)
         probes = plan_probes(turns, config.info_probe_tokens, config.info_max_turns)
@@ -177,15 +220,10 @@ class CoPEActorMethods:
                 forecasts_of[i] = cuts, trimmed
                 requests.setdefault(i, []).append(request)
         order = sorted(requests)
-        was_training = self.actor.training
-        self.actor.eval()
-        try:
-            with self._cope_attention(True) as build:
-                per_forward = min(config.info_kl_batch, config.te_micro_batch_size_per_gpu)
-                out = dict(zip(order, run_requests(self._cope_logits, [requests[i] for i in order], build,
-                                                   rows_per_forward=per_forward, device=_device(self.actor.model))))
-        finally:
-            self.actor.train(was_training)
+        with self._pre_update_forwards(True) as build:
+            per_forward = min(config.info_kl_batch, config.te_micro_batch_size_per_gpu)
+            out = dict(zip(order, run_requests(self._cope_logits, [requests[i] for i in order], build,
+                                               rows_per_forward=per_forward, device=_device(self.actor.model))))
         values = {p: v for i, mine in probes_of.items() for p, v in zip(mine, probe_values(mine, out[i][0]))}
         rewards, _, metrics = spread_rewards(turns, probes, [values[p] for p in probes], action_mask,
                                              sequences.shape[1])
@@ -222,6 +260,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         return self._cope
 
     def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict] = None):
+        self.cope_ppo_micro_steps = getattr(self, "cope_ppo_micro_steps", 0) + 1  # checked by cope_forecast_step
         if not self.cope.grpo_filter_degenerate:
             return self._cope_training_step(experience, kl_ctl, step, loss_batch_info)
         # The filter zeroes whole samples' action masks, and they stay in the replay buffer (every rank must run
@@ -331,12 +370,6 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         if per_sample is not None:
             self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in per_sample for s in row)
 
-    def _dp_size(self) -> int:
-        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1  # DP only (CLI)
-
-    def _all_reduce(self, values: torch.Tensor, op: str) -> torch.Tensor:
-        return self.strategy.all_reduce(values, op) if self._dp_size() > 1 else values
-
     def _forecast_samples_all_ranks(self) -> float:
         """How many forecast samples the ranks hold together (``cope/forecast_samples_trained``)."""
         return float(self._all_reduce(torch.tensor([float(len(self.__dict__.get("cope_forecast_samples", [])))]),
@@ -398,9 +431,21 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         DeepSpeed steps the optimizer every ``gas`` micro-steps: the samples are cut into ``steps * gas``
         micro-batches, ``steps`` = SFT mini-batches (the most any rank needs), the same on every rank, so the PPO
         accumulation count stays aligned. The learning rate is scaled by ``ACTION_FORECAST_LR_SCALE`` for the
-        pass, and the PPO schedule is left where it is."""
-        count = len(self.__dict__.get("cope_forecast_samples", []))
+        pass, and the PPO schedule is left where it is.
+
+        Raises RuntimeError when the PPO micro-steps since the last forecast step do not fill whole accumulation
+        windows: DeepSpeed counts micro-steps across calls, so the forecast's first micro-batches would join the
+        PPO pass's open window and the PPO optimizer step would land inside the forecast pass."""
         gas = getattr(self.strategy, "accumulated_gradient", 1)
+        ppo_micro_steps = self.__dict__.pop("cope_ppo_micro_steps", 0)
+        if ppo_micro_steps % gas:
+            raise RuntimeError(
+                f"the separate forecast step needs the PPO pass to fill whole gradient-accumulation windows; it ran "
+                f"{ppo_micro_steps} micro-steps on this rank, not a multiple of the window ({gas} = train.batch_size / "
+                f"(train.micro_batch_size x ranks)), so the PPO optimizer step would take in forecast gradients: make "
+                f"rollout.batch_size x rollout.n_samples_per_prompt a multiple of train.batch_size, or use "
+                f"--cope.action_forecast_mode joint")
+        count = len(self.__dict__.get("cope_forecast_samples", []))
         dp_size = self._dp_size()
         mini = self.cope.sft_mini_batch_size or getattr(self.args.train, "batch_size", None) or 0
         per_rank = -(-mini // dp_size) if mini else max(count, 1)

@@ -572,3 +572,22 @@ def test_sft_mini_batches_and_learning_rate_scale(batch, model_dir, tok, monkeyp
     assert frozen.cope_forecast_step()["cope/forecast_loss"] > 0
     assert all(torch.equal(before[k], v) for k, v in params(frozen).items())
     assert frozen.actor_optim.param_groups[0]["lr"] == LR
+
+
+def test_separate_forecast_step_refuses_a_partial_accumulation_window(batch, model_dir, tok, monkeypatch, on_cpu):
+    """DeepSpeed counts micro-steps across calls: with a window of 2, a PPO pass of one micro-step (4 samples,
+    micro-batch 4) leaves the window open, and the forecast step must not start (its first micro-batch would join the
+    PPO optimizer step). Two micro-steps (micro-batch 2) close it, and the forecast step runs."""
+    flags = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all"]
+    for micro_batch, whole_windows in (("4", False), ("2", True)):
+        args = cli_args(*flags, "--train.micro_batch_size", micro_batch)
+        trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+        trainer.strategy = AccumulatingStrategy(args, 2)
+        experience, _ = with_forecast_samples(batch, tok, args)
+        if whole_windows:
+            assert train_once(trainer, experience)["cope/forecast_optimizer_steps"] == 1
+            assert trainer.strategy.calls == 2 + 2  # PPO's window, then the forecast's
+        else:
+            with pytest.raises(RuntimeError, match=r"ran 1 micro-steps on this rank, not a multiple of the window \(2"):
+                train_once(trainer, experience)
+            assert trainer.strategy.calls == 1  # the PPO micro-step only: no forecast micro-batch ran

@@ -83,10 +83,14 @@ def combination_error(args: argparse.Namespace) -> Optional[str]:
         return f"the CoPE signals ({', '.join(turn_based)}) do not support ring attention yet: use --ds.ring_attn_size 1"
     if config.action_forecast_enable and getattr(args, "ds.tensor_parallel_size", 1) > 1:
         return "--cope.action_forecast_enable does not support tensor parallelism yet: use --ds.tensor_parallel_size 1"
+    if config.action_forecast_enable and getattr(args, "train.dynamic_batch_enable", False):
+        # DeepSpeed's accumulation window is 1 under dynamic batching (OpenRLHF picks its optimizer steps itself):
+        # the separate pass, cut into train.batch_size-sized windows, would take one optimizer step per micro-batch
+        return ("--cope.action_forecast_enable needs fixed micro-batches: joint mode spreads the forecast over PPO's "
+                "micro-steps, which dynamic batching makes unknown in advance, and the separate pass is cut into "
+                "DeepSpeed's fixed accumulation windows, which dynamic batching turns off: drop "
+                "--train.dynamic_batch_enable")
     if config.action_forecast_enable and config.action_forecast_mode == "joint":
-        if getattr(args, "train.dynamic_batch_enable", False):
-            return ("--cope.action_forecast_mode joint spreads the forecast over PPO's micro-steps, which dynamic "
-                    "batching makes unknown in advance: drop --train.dynamic_batch_enable or use the separate mode")
         if config.action_forecast_lr_scale != 1.0 or config.sft_mini_batch_size != 0:
             return ("--cope.action_forecast_lr_scale and --cope.sft_mini_batch_size set the separate forecast "
                     "update; in --cope.action_forecast_mode joint the forecast has no optimizer step of its own (its "
