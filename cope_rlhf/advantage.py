@@ -14,6 +14,11 @@ Info-gated advantage, on action tokens only:
     Â_intr = (x - mean x) / std x over every action token of the batch (x = per-token intrinsic reward)
 The gate opens fully where a group's samples all scored the same, i.e. where GRPO gives no gradient.
 
+Rounding in stock group_norm: a group of equal rewards that are not exact in binary (BabyAI's 1 - 0.9 * steps /
+max_steps) can have a float32 mean one rounding step off the value while std_g r is 0 or ~1e-8, so every sample of
+the group gets the same advantage of up to +-60. ``rounding_noise_frac`` finds those groups (the experience maker
+warns about them when the filter below is off); the filter zeroes them.
+
 Degenerate-group filter: samples of groups with std_g r <= 1e-6 get action_mask, advantages and returns
 zeroed, so they leave the numerator and the denominator of the token-mean loss. With information gain on too,
 the filter removes only the extrinsic term of those groups: advantages and returns are zeroed (OpenRLHF's
@@ -51,6 +56,14 @@ def group_reward_std(experiences: Sequence, n: int) -> List[torch.Tensor]:
     """sigma_g of each sample's group, split like the experiences."""
     grouped, index, sizes = _grouped_rewards(experiences, n)
     return list(grouped.std(-1, keepdim=True).expand(-1, n).reshape(-1)[index].split(sizes))
+
+
+def rounding_noise_frac(experiences: Sequence, n: int) -> float:
+    """Fraction of groups whose rewards are equal (std <= 1e-6) yet differ from their float32 group mean: where
+    OpenRLHF's group_norm turns rounding into a full-size advantage."""
+    grouped, _, _ = _grouped_rewards(experiences, n)
+    noisy = (grouped.std(-1) <= DEGENERATE_STD) & (grouped != grouped.mean(-1, keepdim=True)).any(-1)
+    return float(noisy.float().mean())
 
 
 @torch.no_grad()

@@ -23,11 +23,14 @@ Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/fi
 ``cope/info_reward_mean``, ``cope/info_beta_mean``, ``cope/info_turns_scored``, ``cope/forecast_samples``,
 ``cope/forecast_kept_frac``, ``cope/te_slots``, ``cope/te_slot_coverage``): OpenRLHF's actor averages every
 per-sample ``info`` tensor into its status, which reaches TensorBoard. With every switch off this is exactly
-OpenRLHF's method.
+OpenRLHF's method; the one addition is a warning (``advantage.rounding_noise_frac``, once per run) when stock
+group_norm meets equal rewards that it turns into rounding-made advantages, pointing to
+``--cope.grpo_filter_degenerate``.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Dict, List, Tuple
 
@@ -36,10 +39,12 @@ import torch
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from cope_rlhf.actor import FORECAST_KEY, TE_KEY
-from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
+from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups, rounding_noise_frac
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences, load_action_format
 from cope_rlhf.turns import unpadded_trajectories
+
+logger = logging.getLogger(__name__)
 
 
 class CoPEExperienceMaker(RemoteExperienceMaker):
@@ -47,15 +52,26 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         super().__init__(*args, **kwargs)
         self.cope = CoPEConfig.from_args(self.args)
         self.cope_batches = 0  # rollout batches made so far: seeds TE_TRAJ_SUBSAMPLE's draw
+        self.cope_rounding_warned = False
         needs_format = self.cope.action_forecast_enable or self.cope.te_enable
         self.action_format = load_action_format(self.args.train.agent_func_path) if needs_format else None
 
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
         experiences = super().make_experience_batch(rollout_samples)
+        n = self.args.rollout.n_samples_per_prompt
+        if (self.args.algo.advantage.estimator == "group_norm" and n > 1 and not self.cope.grpo_filter_degenerate
+                and not self.cope_rounding_warned):
+            noisy = rounding_noise_frac(experiences, n)
+            if noisy:
+                self.cope_rounding_warned = True
+                logger.warning(
+                    "group_norm: in %.0f%% of this batch's groups the rewards are all equal, but their float32 mean "
+                    "is not, so OpenRLHF's (r - mean) / (std + 1e-9) gives the whole group one advantage made of "
+                    "rounding (up to +-60). Turn on --cope.grpo_filter_degenerate (zeroes such groups) or use "
+                    "--algo.advantage.estimator dr_grpo. (Warned once per run.)", 100 * noisy)
         if not self.cope.any_enabled:
             return experiences
-        n = self.args.rollout.n_samples_per_prompt
         metrics: Dict[str, float] = {}
         if self.cope.action_forecast_enable:
             samples, found = forecast_samples_from_experiences(experiences, self.tokenizer, self.cope, n,

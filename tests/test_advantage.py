@@ -7,7 +7,8 @@ import pytest
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
-from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups, group_reward_std
+from cope_rlhf.advantage import (add_info_gated_advantage, filter_degenerate_groups, group_reward_std,
+                                 rounding_noise_frac)
 from cope_rlhf.info_gain import info_gain_rewards
 from tests.tiny_hf import agent_response, hf_logits_fn, stock_grpo, tiny_model, tiny_tokenizer, to_experience
 
@@ -54,8 +55,16 @@ def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_an
         batch[0].index = list(range(8))
         stock_grpo(batch, n=8)
         assert torch.allclose(batch[0].advantages, torch.full((8, 3), sign * 0.93), atol=0.01)  # not 0
+        assert rounding_noise_frac(batch, 8) == 1.0
         assert filter_degenerate_groups(batch, 8) == {"cope/filtered_frac": 1.0}
         assert not batch[0].advantages.any() and not batch[0].action_mask.any()
+
+
+def test_rounding_noise_frac_counts_only_equal_groups_with_an_inexact_mean():
+    rewards = [0.951] * 8 + [1.0] * 8 + [0.0] * 7 + [1.0] + [0.25] * 8  # rounding, exact, mixed, exact (dyadic)
+    batch = [Experience(action_mask=torch.ones(32, 2, dtype=torch.long), rewards=torch.tensor(rewards))]
+    batch[0].index = list(range(32))
+    assert rounding_noise_frac(batch, 8) == 0.25
 
 
 def test_filter_with_info_gain_removes_the_extrinsic_term_only():

@@ -5,6 +5,7 @@ RemoteExperienceMaker. Each flag on: the added fields and metrics equal the sign
 run here in the driver."""
 
 import copy
+import logging
 import os
 from types import SimpleNamespace
 
@@ -110,6 +111,26 @@ def test_flags_off_equals_stock(groups, tok, stock):
     assert_same_experiences(cope, stock)
     assert not any(k.startswith("cope") for k in cope[0].info)
     assert any(e.advantages.abs().sum() > 0 for e in stock)  # the comparison is not between zeros
+
+
+def test_group_norm_rounding_is_warned_once_and_not_with_the_filter(groups, tok, caplog):
+    """Eight equal wins of BabyAI's 1 - 0.9 * 1 / 64: stock group_norm gives all eight one advantage of ~0.9 made
+    of float32 rounding; the maker says so once per run, and not when the filter is on."""
+    wins = [to_experience(agent_response(tok, *EPISODES[3], reward=1 - 0.9 / 64)) for _ in range(8)]
+    for argv, warnings in (((), 1), (("--cope.grpo_filter_degenerate",), 0)):
+        maker = CoPEExperienceMaker(*groups[:1], None, None, groups[1], FixedKLController(KL_COEF),
+                                    StandInStrategy(cli_args("--rollout.n_samples_per_prompt", "8", *argv)), tok)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cope_rlhf.experience_maker"):
+            first = maker.make_experience_batch(copy.deepcopy(wins))
+            maker.make_experience_batch(copy.deepcopy(wins))
+        said = [r.getMessage() for r in caplog.records if "grpo_filter_degenerate" in r.getMessage()]
+        assert len(said) == warnings and all("100% of this batch's groups" in m for m in said)
+        advantages = torch.cat([e.advantages[e.action_mask.bool()] for e in first])
+        if warnings:
+            assert advantages.abs().min() > 0.5  # the premise: stock GRPO's advantage here is rounding, not ~0
+        else:
+            assert advantages.numel() == 0  # the filter removed the group
 
 
 def test_filter_zeroes_degenerate_group(groups, tok, stock):
