@@ -16,17 +16,27 @@ Info gain and TE members run through the policy actor's own code (``CoPEActorMet
 and prints the table with the ratios (b)/(a) and (c)/(a). Both paths compute the same values (checked here on
 the information gain and the forecast loss; tests/test_branches.py checks all of it to 1e-5).
 
+``--device cuda`` puts the model on the GPU (the packed path then runs flex attention, as the trainer does there):
+wall time is read after ``torch.cuda.synchronize``, and the memory columns are the growth of the peak GPU
+allocation over the phase instead of the resident set. ``--repeats N`` measures every (turns, path) N times,
+interleaved, and the table shows the medians (on a GPU the first calls of a shape compile kernels).
+``--json PATH`` also writes the medians, the ratios and the attention the packed path used.
+
     .venv/bin/python benchmarks/signal_cost.py [--turns 5 10 20 40] [--batch 2] [--hidden 256] [--layers 4] [--vocab V]
+                                               [--device cpu|cuda] [--repeats N] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import ctypes
 import gc
+import json
 import os
 import random
+import statistics
 import sys
 import threading
 import time
@@ -105,12 +115,24 @@ class PeakRSS:
         self.mib = (self.peak - self.base) / 2**20
 
 
-def measure(fn):
-    with PeakRSS() as memory:
-        wall, cpu = time.perf_counter(), time.process_time()
-        value = fn()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return wall, cpu, memory.mib, value
+def measure(fn, device: torch.device = torch.device("cpu")):
+    """(wall s, process CPU s, memory MiB, fn's value). On a GPU the kernels run asynchronously: the clock stops
+    after a synchronize, and memory is the peak allocation above what was allocated before the phase."""
+    if device.type != "cuda":
+        with PeakRSS() as memory:
+            wall, cpu = time.perf_counter(), time.process_time()
+            value = fn()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return wall, cpu, memory.mib, value
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    value = fn()
+    torch.cuda.synchronize(device)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall, cpu, (torch.cuda.max_memory_allocated(device) - base) / 2**20, value
 
 
 def grpo_step(model, batch: Experience):
@@ -119,16 +141,16 @@ def grpo_step(model, batch: Experience):
     logits = model(input_ids=batch.sequences, attention_mask=mask, position_ids=position_ids_for(mask)).logits
     log_probs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch.sequences[:, 1:, None]).squeeze(-1)
     action = batch.action_mask.float()
-    advantages = torch.randn(len(mask), 1)
+    advantages = torch.randn(len(mask), 1, device=mask.device)
     loss = -(log_probs * advantages * action).sum() / action.sum()
     loss.backward()
     return float(loss.detach())
 
 
-def forecast_step(run, samples, tok, branch_pack: bool, per_call: int, block_mask) -> float:
+def forecast_step(run, samples, tok, branch_pack: bool, per_call: int, block_mask, device=None) -> float:
     """L_AF with backward in micro-batches (gradient accumulation, as a trainer does): ``per_call`` samples per
     call on the per-sample path, one trajectory per call packed. Each part is weighted by its share of the target
-    tokens, so the sum is L_AF of all samples."""
+    tokens, so the sum is L_AF of all samples. ``device``: where the model lives (the samples are moved there)."""
     if branch_pack:
         rows = sorted({s.row for s in samples})
         parts = [[s for s in samples if s.row == r] for r in rows]
@@ -138,7 +160,7 @@ def forecast_step(run, samples, tok, branch_pack: bool, per_call: int, block_mas
     total, value = targets(samples), 0.0
     for part in parts:
         loss = forecast_loss(run, part, coef=0.01, pad_token_id=tok.pad_token_id, branch_pack=branch_pack,
-                             block_mask=block_mask)
+                             block_mask=block_mask, device=device)
         loss = loss * (targets(part) / total)
         loss.backward()
         value += float(loss.detach())
@@ -172,7 +194,7 @@ def signals(model, tok, batch: Experience, turns: int, branch_pack: bool, cpu: d
                                              logits_to_keep=0 if keep is None else keep).logits
     with block_attention(model) if branch_pack else contextlib.nullcontext(dense_mask) as build:
         loss = forecast_step(run, [s for row in per_row for s in row], tok, branch_pack, per_call=4,
-                             block_mask=build)
+                             block_mask=build, device=next(model.parameters()).device)
     cpu["forecast"] = time.process_time() - clock
     return gain, loss
 
@@ -185,50 +207,85 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=0, help="LM-head width (default: the tiny tokenizer's); a "
                         "real model's 150k makes the logits dominate memory")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the model runs (cuda: the packed path uses flex attention, memory = GPU peak)")
+    parser.add_argument("--repeats", type=int, default=1, help="measurements per (turns, path), interleaved; the "
+                        "table shows their medians")
+    parser.add_argument("--json", help="also write the medians, ratios and differences to this file")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: PyTorch sees no GPU here")
+    device = torch.device(args.device)
     tok = tiny_tokenizer()
     vocab = max(args.vocab, len(tok))
-    model = small_model(vocab, args.hidden, args.layers)
+    model = small_model(vocab, args.hidden, args.layers).to(device)
+    with block_attention(model):  # what the packed path will run on this device (flex attention on a GPU)
+        packed_attention = model.config._attn_implementation
     batches = {n: Experience.concat_experiences([trajectory(tok, n, seed=n * 100 + i) for i in range(args.batch)],
                                                 pad_token_id=tok.pad_token_id) for n in args.turns}
     for b in batches.values():
         b.index = list(range(args.batch))
+    # The signals take the batch where the experience maker hands it over (host memory; the actor's code moves
+    # what it runs); the GRPO step reads it where the model is, as the trainer's update does.
+    on_device = {n: copy.copy(b).to_device(device) if device.type == "cuda" else b for n, b in batches.items()}
     signals(model, tok, batches[min(args.turns)], min(args.turns), True, {})  # warm-up
-    grpo_step(model, batches[min(args.turns)])
-    rows = []
-    jobs = [(n, name) for n in args.turns for name in ("grpo", "naive", "packed")]
-    results, parts = {}, {}
+    if device.type == "cuda":  # the per-turn path's kernels too, so its first measured call does not pay for them
+        signals(model, tok, batches[min(args.turns)], min(args.turns), False, {})
+    grpo_step(model, on_device[min(args.turns)])
+    jobs = [(n, name) for _ in range(args.repeats) for n in args.turns for name in ("grpo", "naive", "packed")]
+    runs, part_runs = {}, {}
     for n, name in tqdm(jobs, desc="signal cost", unit="run"):
-        b = batches[n]
         if name == "grpo":
-            results[n, name] = measure(lambda: grpo_step(model, b))
+            b = on_device[n]
+            runs.setdefault((n, name), []).append(measure(lambda: grpo_step(model, b), device))
         else:
-            parts[n, name] = {}
-            results[n, name] = measure(lambda: signals(model, tok, b, n, name == "packed", parts[n, name]))
-    print(f"\nmodel: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {vocab}, float32, sdpa, "
-          f"torch threads {torch.get_num_threads()}; batch {args.batch} trajectories; P=16, K=3, every turn scored")
+            b, part_times = batches[n], {}
+            runs.setdefault((n, name), []).append(
+                measure(lambda: signals(model, tok, b, n, name == "packed", part_times), device))
+            part_runs.setdefault((n, name), []).append(part_times)
+    # medians of wall, CPU and memory; the values (for the cross-check) of the last measurement
+    results = {key: (*(statistics.median(m[i] for m in found) for i in range(3)), found[-1][3])
+               for key, found in runs.items()}
+    parts = {key: {k: statistics.median(p[k] for p in found) for k in ("frozen", "forecast")}
+             for key, found in part_runs.items()}
+    where = f"on {torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
+    print(f"\nmodel: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {vocab}, float32, sdpa, {where}"
+          f"torch threads {torch.get_num_threads()}; batch {args.batch} trajectories; P=16, K=3, every turn scored"
+          + (f"; packed path: {packed_attention}; MiB = GPU peak" if device.type == "cuda" else "")
+          + (f"; medians of {args.repeats}" if args.repeats > 1 else ""))
     head = (f"{'turns':>5} {'tokens':>6} | {'(a) grpo s':>10} {'cpu':>6} {'MiB':>6} | {'(b) naive s':>11} {'cpu':>6} "
             f"{'MiB':>6} | {'(c) packed s':>12} {'cpu':>6} {'MiB':>6} | {'b/a wall':>8} {'cpu':>5} {'mem':>5} | "
             f"{'c/a wall':>8} {'cpu':>5} {'mem':>5} | {'max |dIG|':>9} {'dL_AF':>8}")
     print(head)
     print("-" * len(head))
+    ratio = lambda x, y: x / y if y > 0 else float("nan")  # noqa: E731
+    report = {"device": str(device), "packed_attention": packed_attention, "repeats": args.repeats, "rows": []}
     for n in args.turns:
         a, b, c = (results[n, k] for k in ("grpo", "naive", "packed"))
         d_info = float((b[3][0] - c[3][0]).abs().max())
         d_loss = abs(b[3][1] - c[3][1])
         tokens = int(batches[n].attention_mask.sum(-1).max())
-        ratio = lambda x, y: x / y if y > 0 else float("nan")  # noqa: E731
         print(f"{n:>5} {tokens:>6} | {a[0]:>10.2f} {a[1]:>6.1f} {a[2]:>6.0f} | "
               f"{b[0]:>11.2f} {b[1]:>6.1f} {b[2]:>6.0f} | {c[0]:>12.2f} {c[1]:>6.1f} {c[2]:>6.0f} | "
               f"{ratio(b[0], a[0]):>8.2f} {ratio(b[1], a[1]):>5.2f} {ratio(b[2], a[2]):>5.2f} | "
               f"{ratio(c[0], a[0]):>8.2f} {ratio(c[1], a[1]):>5.2f} {ratio(c[2], a[2]):>5.2f} | "
               f"{d_info:>9.1e} {d_loss:>8.1e}")
+        report["rows"].append({
+            "turns": n, "tokens": tokens, **{f"{k}_{f}": results[n, k][i] for k in ("grpo", "naive", "packed")
+                                             for i, f in enumerate(("wall_s", "cpu_s", "mib"))},
+            "naive_over_grpo_wall": ratio(b[0], a[0]), "packed_over_grpo_wall": ratio(c[0], a[0]),
+            "max_abs_d_info_gain": d_info, "abs_d_forecast_loss": d_loss})
     print("\nCPU seconds per part, as a fraction of (a)'s CPU time: info gain + TE members (one call) / forecast step")
     for n in args.turns:
         a = results[n, "grpo"][1]
         line = "   ".join(f"{v}: " + " / ".join(f"{parts[n, v][k] / a:.2f}" for k in ("frozen", "forecast"))
                            for v in ("naive", "packed"))
         print(f"{n:>5} turns   {line}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,29 @@ def test_resources_follow_cuda_visible_devices(parser):
     args = parse(parser, argv)
     assert getattr(args, "actor.num_gpus_per_node") == 4 and getattr(args, "vllm.num_engines") == 2
     assert getattr(args, "vllm.tensor_parallel_size") == 2
+    # OpenRLHF starts a reward group even without a reward model; under colocation it must fit the actor's bundles
+    assert getattr(args, "reward.num_gpus_per_node") == getattr(args, "ref.num_gpus_per_node") == 4
+
+
+def test_gpu_smoke_training_command_parses(parser):
+    """scripts/gpu_smoke.sh's training run, as its dry run prints it (through the BabyAI run script), passes the
+    trainer's parser and the CoPE combination checks: one GPU for everything, every signal on."""
+    done = subprocess.run(["bash", "scripts/gpu_smoke.sh", "--dry-run"], cwd=ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    _, argv = trainer_command(done.stdout)
+    args = parse(parser, argv)
+    for size in ("actor.num_gpus_per_node", "ref.num_gpus_per_node", "reward.num_gpus_per_node", "vllm.num_engines"):
+        assert getattr(args, size) == 1, size
+    for switch in ("train.colocate_all", "vllm.enable_sleep", "ds.enable_sleep", "ds.packing_samples"):
+        assert getattr(args, switch), switch
+    assert getattr(args, "ds.zero_stage") == 3
+    assert getattr(args, "ds.attn_implementation") == "flash_attention_2"
+    assert getattr(args, "vllm.gpu_memory_utilization") <= 0.2
+    assert getattr(args, "cope.action_forecast_enable") and getattr(args, "cope.te_enable")
+    assert getattr(args, "cope.te_warmup_steps") == 0 and getattr(args, "cope.te_lambda") > 0
+    assert getattr(args, "cope.info_intrinsic_weight") > 0 and getattr(args, "cope.grpo_filter_degenerate")
+    assert getattr(args, "cope.branch_pack")
 
 
 def test_baselines_carry_the_published_hyperparameters(parser):

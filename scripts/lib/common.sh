@@ -100,6 +100,10 @@ cope_build_args() {
         --data.prompt_dataset "$PROMPT_DATA" --data.input_key prompt --data.label_key label
         --actor.num_nodes "$NUM_NODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
         --ref.num_nodes "$NUM_NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
+        # OpenRLHF 0.11.2 starts a reward-model actor group even when the agent func gives the rewards, one actor per
+        # GPU of its size (default 8 per node), placed in the actors' bundles under --train.colocate_all: any other
+        # size than the actor's asks for bundles that do not exist (e.g. on a node of 1 or 4 GPUs).
+        --reward.num_nodes "$NUM_NODES" --reward.num_gpus_per_node "$GPUS_PER_NODE"
         --vllm.num_engines "$VLLM_NUM_ENGINES" --vllm.tensor_parallel_size "$VLLM_TP"
         --vllm.gpu_memory_utilization "$VLLM_GPU_UTIL"
         --algo.advantage.estimator group_norm
