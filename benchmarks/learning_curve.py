@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> str:
             ax.plot(steps, means, marker="o", label=config)
             ax.fill_between(steps, [m - h for m, h in zip(means, halves)], [m + h for m, h in zip(means, halves)],
                             alpha=0.15)
-        ax.set_title(f"{env}: held-out success (temperature 1), mean ± 95% over {len(args.seeds)} seeds")
+        ax.set_title(f"{env}: held-out success (temperature 1),\nmean ± 95% over {len(args.seeds)} seeds", fontsize=10)
         ax.set_xlabel("training step")
         ax.set_ylabel("success rate")
         ax.set_ylim(0, 1)
