@@ -29,6 +29,17 @@ def model(tok):
 
 
 @pytest.fixture(scope="module")
+def model_dir(tok, tmp_path_factory):
+    """One saved tiny checkpoint (seed 0) with its tokenizer: the policy of the actor and trainer tests."""
+    from tests.tiny_hf import tiny_model
+
+    path = tmp_path_factory.mktemp("policy")
+    tiny_model(len(tok)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
 def checkpoints(tok, tmp_path_factory):
     """Two saved tiny checkpoints: [policy (seed 0), reference (seed 1)]."""
     from tests.tiny_hf import tiny_model

@@ -30,7 +30,7 @@ from cope_rlhf.forecast import (build_forecast_samples, collate_forecast_samples
 from cope_rlhf.info_gain import position_ids_for
 from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.tiny_hf import agent_response, stock_grpo, tiny_model, to_experience
+from tests.tiny_hf import agent_response, stock_grpo, to_experience
 
 N = 2
 LR = 0.005
@@ -49,14 +49,6 @@ def cli_args(*argv):
          "--train.micro_batch_size", "4", "--train.agent_func_path", "agent.py", *argv]))
     args.actor.eps_clip_low_high = (args.actor.eps_clip, args.actor.eps_clip)  # as OpenRLHF's CLI sets it
     return args
-
-
-@pytest.fixture(scope="module")
-def model_dir(tok, tmp_path_factory):
-    path = tmp_path_factory.mktemp("policy")
-    tiny_model(len(tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture

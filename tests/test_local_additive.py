@@ -32,14 +32,6 @@ EPISODES = [
 REWARDS = [0.9, 0.0, 0.6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.8, 0.8, 0.1]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tok, tmp_path_factory):
-    path = tmp_path_factory.mktemp("additive_policy")
-    tiny_model(len(tok), layers=2).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 def rollout(tok):
     return [to_experience(agent_response(tok, *EPISODES[(i // N + i) % len(EPISODES)], reward=r))
             for i, r in enumerate(REWARDS)]

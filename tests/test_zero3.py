@@ -35,7 +35,7 @@ from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.forecast import build_forecast_samples
 from cope_rlhf.turns import unpadded_trajectories
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.tiny_hf import agent_response, tiny_model, to_experience
+from tests.tiny_hf import agent_response, to_experience
 
 GROUP_TIMEOUT_S = 30
 RANKS = 2
@@ -134,14 +134,6 @@ def assert_same(got, want, where: str) -> None:
         assert got == pytest.approx(want, rel=1e-5, abs=1e-7), where
     else:
         assert got == want, where
-
-
-@pytest.fixture(scope="module")
-def model_dir(tok, tmp_path_factory):
-    path = tmp_path_factory.mktemp("policy")
-    tiny_model(len(tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def test_uneven_ranks_finish_with_single_process_values(model_dir, tmp_path):
