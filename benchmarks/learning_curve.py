@@ -3,19 +3,20 @@
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--out runs/learning_curve]
 
-Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, expert demos, a
-tiny model and its SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. Then every (config, seed) is its own
-``python -m cope_rlhf.local train`` process from that model: the quickstart's recipe (``RECIPE``),
-``TURNS[env]`` turns, held-out evals every ``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the
-forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed`` differing. A run whose ``summary.json`` exists is kept, so rerunning the command
-finishes an interrupted study.
+Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI:
+the quickstart's view-hesitant demonstrator), a tiny model and its SFT) unless ``<out>/<env>/warm_start/model-sft``
+exists. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that model: the
+quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns, held-out evals every ``--eval-every`` steps, and only the
+CoPE switches (``CONFIGS``; the forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed``
+differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study.
 
 Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item) per eval step,
-mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and config, held-out success
-before and at the last step (mean ± 95% half-width over seeds), the first eval step whose mean reaches GRPO's final
-mean ("never" if none), and seconds per training step (median over all steps of all seeds, rollout + update).
-Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s) and takes ~20-40 s per
-step on 2 CPU cores; the default grid is 2 envs x 6 configs x 3 seeds.
+mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and
+config, held-out success before and at the last step (mean ± 95% half-width over seeds), the first eval step whose
+mean reaches GRPO's final mean ("never" if none), and seconds per training step (median over all steps of all
+seeds, rollout + update). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s);
+BabyAI took 5-7 s per step and 8-9 min per 60-step run on 2 CPU cores (docs/results/quickstart_diagnosis.md
+point 22); the default grid is 2 envs x 6 configs x 3 seeds.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ TURNS = {"babyai": 3, "textcraft": 10}
 RECIPE = ["--algo.advantage.estimator", "group_norm", "--actor.loss_agg_mode", "seq-mean-token-mean",
           "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "32",
           "--actor.adam.lr", "3e-4", "--actor.lr_warmup_ratio", "0.1",
-          "--actor.lr_scheduler", "constant_with_warmup",
-          "--algo.kl.init_coef", "0.01",
+          "--actor.lr_scheduler", "constant_with_warmup", "--algo.kl.init_coef", "0.01",
           "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--vllm.enable_prefix_caching",
           "--eval.temperature", "1.0", "--eval.n_samples_per_prompt", "2"]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}

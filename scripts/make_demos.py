@@ -84,12 +84,10 @@ def demo_policy(name: str, item_id: int) -> Callable[[str, str], str] | None:
     """The ``--policy`` NAME for one episode: None (the server's expert) or a view-only demonstrator."""
     if name == "view":
         return view_only_action
-    if name == "view-random":
+    if name in ("view-random", "view-hesitant"):
         rng = random.Random(item_id)
-        return lambda first, observation: view_only_action(first, observation, rng)
-    if name == "view-hesitant":
-        rng = random.Random(item_id)
-        return lambda first, observation: view_only_action(first, observation, rng, HESITATION)
+        hesitation = HESITATION if name == "view-hesitant" else 0.0
+        return lambda first, observation: view_only_action(first, observation, rng, hesitation)
     return None
 
 
