@@ -33,19 +33,16 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-# One CoPE signal per config on top of stock GRPO (the quickstart runs "filter": docs/results/quickstart_diagnosis.md
-# point 19), and all of them together.
-CONFIGS = {
-    "grpo": [],
-    "filter": ["--cope.grpo_filter_degenerate"],
-    "forecast": ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint"],
-    "te": ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint", "--cope.te_enable",
-           "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0"],
-    "info": ["--cope.info_intrinsic_weight", "0.1"],
-    "all": ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint", "--cope.te_enable",
-            "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1",
-            "--cope.grpo_filter_degenerate"],
-}
+# Stock GRPO, GRPO + the degenerate-group filter (the quickstart's recipe), each CoPE signal on top of that filter,
+# and all together. The signals sit on "filter", not on stock GRPO: stock GRPO's group_norm turns float rounding in
+# all-equal groups into advantages up to +-60 (docs/results/quickstart_diagnosis.md point 19), and a run that
+# collapses from that would say nothing about the signal.
+FILTER = ["--cope.grpo_filter_degenerate"]
+FORECAST = ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint"]
+TE = ["--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0"]
+INFO = ["--cope.info_intrinsic_weight", "0.1"]
+CONFIGS = {"grpo": [], "filter": FILTER, "forecast": FILTER + FORECAST, "te": FILTER + FORECAST + TE,
+           "info": FILTER + INFO, "all": FILTER + FORECAST + TE + INFO}
 WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-hesitant",
                          "--epochs", "16"],
               "textcraft": ["--heldout", "100", "--demos", "300", "--epochs", "16"]}
