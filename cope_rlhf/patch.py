@@ -1,10 +1,18 @@
 """Install the CoPE subclasses into OpenRLHF, in this process and in every Ray worker process.
 
-Swaps (module global -> CoPE subclass), made right after the OpenRLHF module is imported:
+Swaps (module global -> CoPE replacement), made right after the OpenRLHF module is imported:
 
     openrlhf.trainer.ppo_trainer.RemoteExperienceMaker -> cope_rlhf.experience_maker.CoPEExperienceMaker
     openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer     -> cope_rlhf.actor.CoPEActorPPOTrainer
     openrlhf.trainer.ray.ppo_actor.PolicyModelActor    -> cope_rlhf.actor.CoPEPolicyModelActor
+
+and, only on a host without CUDA (``CPU_SWAPS``: OpenRLHF's real Ray path on CPU, ``cpu_cluster`` / ``cpu_vllm``):
+
+    openrlhf.utils.deepspeed.deepspeed.init_device_mesh           -> cope_rlhf.cpu_cluster.cpu_device_mesh
+    openrlhf.utils.deepspeed.deepspeed.get_train_ds_config        -> cope_rlhf.cpu_cluster.train_ds_config_with_torch_adam
+    openrlhf.trainer.ray.ppo_actor.NaiveReplayBuffer              -> cope_rlhf.cpu_cluster.CPUReplayBuffer
+    openrlhf.trainer.ray.ppo_actor.stateless_init_process_group   -> cope_rlhf.cpu_cluster.gloo_broadcast_group
+    openrlhf.trainer.ray.vllm_engine.RolloutRayActor              -> cope_rlhf.cpu_vllm.CPURolloutRayActor
 
 OpenRLHF builds these classes from those module globals: the experience maker in ``BasePPOTrainer.__init__``
 (inside the PPOTrainer Ray actor), the PPO trainer in ``PolicyModelActor.init_model_from_pretrained`` (inside
@@ -22,48 +30,65 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import sys
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from cope_rlhf import compat
 
 WORKER_SETUP_HOOK = "cope_rlhf.patch.install"
 
 
-# OpenRLHF module -> (CoPE module, {name in the OpenRLHF module: name of the CoPE class})
-SWAPS: Dict[str, Tuple[str, Dict[str, str]]] = {
-    "openrlhf.trainer.ppo_trainer": ("cope_rlhf.experience_maker", {"RemoteExperienceMaker": "CoPEExperienceMaker"}),
-    "openrlhf.trainer.ray.ppo_actor": (
-        "cope_rlhf.actor", {"ActorPPOTrainer": "CoPEActorPPOTrainer", "PolicyModelActor": "CoPEPolicyModelActor"}
-    ),
-}
-_AFTER_IMPORT = {**{name: name for name in SWAPS}, **{cope: name for name, (cope, _) in SWAPS.items()}}
+# (OpenRLHF module, CoPE module, {name in the OpenRLHF module: name in the CoPE module})
+SWAPS: List[Tuple[str, str, Dict[str, str]]] = [
+    ("openrlhf.trainer.ppo_trainer", "cope_rlhf.experience_maker", {"RemoteExperienceMaker": "CoPEExperienceMaker"}),
+    ("openrlhf.trainer.ray.ppo_actor", "cope_rlhf.actor",
+     {"ActorPPOTrainer": "CoPEActorPPOTrainer", "PolicyModelActor": "CoPEPolicyModelActor"}),
+]
+CPU_SWAPS: List[Tuple[str, str, Dict[str, str]]] = [
+    ("openrlhf.utils.deepspeed.deepspeed", "cope_rlhf.cpu_cluster",
+     {"init_device_mesh": "cpu_device_mesh", "get_train_ds_config": "train_ds_config_with_torch_adam"}),
+    ("openrlhf.trainer.ray.ppo_actor", "cope_rlhf.cpu_cluster",
+     {"NaiveReplayBuffer": "CPUReplayBuffer", "stateless_init_process_group": "gloo_broadcast_group"}),
+    ("openrlhf.trainer.ray.vllm_engine", "cope_rlhf.cpu_vllm", {"RolloutRayActor": "CPURolloutRayActor"}),
+]
+_WATCHED = {name for swap in SWAPS + CPU_SWAPS for name in swap[:2]}
 
 
 def _initializing(module) -> bool:
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
-def _swap(openrlhf_name: str) -> None:
-    """Swap once both sides are fully imported. The CoPE module imports the OpenRLHF one, so when that import
-    comes first from inside the CoPE module, the swap waits for the CoPE module's own post-import hook."""
-    module = sys.modules.get(openrlhf_name)
-    if module is None or _initializing(module):
-        return
-    cope_name, names = SWAPS[openrlhf_name]
-    cope = sys.modules.get(cope_name)
-    if cope is not None and _initializing(cope):
-        return
-    cope = importlib.import_module(cope_name)
-    for name, cope_class in names.items():
-        setattr(module, name, getattr(cope, cope_class))
+def _swaps() -> List[Tuple[str, str, Dict[str, str]]]:
+    """``SWAPS``, plus ``CPU_SWAPS`` where there is no CUDA device. Asked only once an OpenRLHF module (hence
+    torch) is imported."""
+    import torch
+
+    return SWAPS if torch.cuda.is_available() else SWAPS + CPU_SWAPS
+
+
+def _swap(imported: str) -> None:
+    """Make every swap that involves module ``imported`` and whose two sides are fully imported. A CoPE module
+    imports the OpenRLHF one it replaces names in, so when that import comes first from inside the CoPE module, the
+    swap waits for the CoPE module's own post-import hook."""
+    for openrlhf_name, cope_name, names in _swaps():
+        if imported not in (openrlhf_name, cope_name):
+            continue
+        module = sys.modules.get(openrlhf_name)
+        if module is None or _initializing(module):
+            continue
+        cope = sys.modules.get(cope_name)
+        if cope is not None and _initializing(cope):
+            continue
+        cope = importlib.import_module(cope_name)
+        for name, cope_object in names.items():
+            setattr(module, name, getattr(cope, cope_object))
 
 
 class _SwapAfterExec(importlib.abc.Loader):
     """Runs the real loader, then the swap (a post-import hook). Other attributes (get_source, ...) go to the
     real loader."""
 
-    def __init__(self, loader, openrlhf_name: str):
-        self._loader, self._openrlhf_name = loader, openrlhf_name
+    def __init__(self, loader, name: str):
+        self._loader, self._name = loader, name
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -71,7 +96,7 @@ class _SwapAfterExec(importlib.abc.Loader):
     def exec_module(self, module) -> None:
         self._loader.exec_module(module)
         module.__spec__._initializing = False  # exec is done; importlib clears the flag only after we return
-        _swap(self._openrlhf_name)
+        _swap(self._name)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -79,14 +104,14 @@ class _SwapAfterExec(importlib.abc.Loader):
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _AFTER_IMPORT:
+        if fullname not in _WATCHED:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _SwapAfterExec(spec.loader, _AFTER_IMPORT[fullname])
+                spec.loader = _SwapAfterExec(spec.loader, fullname)
                 return spec
         return None
 
@@ -96,8 +121,9 @@ def install() -> None:
     compat.install()
     if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _PostImportFinder())
-    for name in SWAPS:  # modules imported before install() get their swap now
-        _swap(name)
+    for name in _WATCHED:  # modules imported before install() get their swap now
+        if name in sys.modules:
+            _swap(name)
 
 
 def apply() -> None:

@@ -2,6 +2,7 @@
 model fixtures the signal and trainer tests share (tests/tiny_hf.py), and the policy / reference checkpoints and
 their Ray actor groups (tests/ray_cpu_groups.py) that the experience-maker tests share."""
 
+import json
 import os
 import sys
 
@@ -69,3 +70,44 @@ def groups(checkpoints, group_args):
         yield cpu_groups(StandInStrategy(group_args), *checkpoints)
     finally:
         ray.shutdown()
+
+
+# ---- a warm-started BabyAI policy for the end-to-end tests ---------------------------------------------------------
+def level1_rows(ids) -> list:
+    return [{"prompt": f"babyai/{i}", "label": str(i)} for i in ids]
+
+
+def write_jsonl(path, rows) -> str:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return str(path)
+
+
+def make_demos(path, item_ids) -> str:
+    import importlib.util
+
+    from tests.env_server_proc import EnvServerProcess
+
+    spec = importlib.util.spec_from_file_location("make_demos", os.path.join(ROOT, "scripts", "make_demos.py"))
+    make_demos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_demos)
+    with EnvServerProcess("babyai") as server:
+        return write_jsonl(path, [make_demos.episode(server.url, "babyai", i, 30) for i in item_ids])
+
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory):
+    """A tiny model (scripts/make_tiny_model.py) warm-started on 200 expert demos of BabyAI level 1 (GoToRedBallGrey:
+    item ids = 0 mod 40) from the real server, so that rollouts win some episodes; the SFT checkpoint is
+    ``<dir>/sft``. Shared by the local loop's and the real path's end-to-end tests."""
+    from tests.env_server_proc import require_venv
+
+    require_venv("babyai")
+    from cope_rlhf.local.sft import train as sft
+    from scripts.make_tiny_model import main as make_tiny_model
+
+    d = tmp_path_factory.mktemp("local_e2e")
+    demos = make_demos(d / "demos.jsonl", range(800, 800 + 40 * 200, 40))
+    make_tiny_model(["--out", str(d / "tiny"), "--corpus", demos])
+    sft(str(d / "tiny"), demos, str(d / "sft"), epochs=3, lr=2e-3, batch_size=8, max_len=2048, seed=0)
+    return d

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import ray
+import torch
 
 import openrlhf.utils
 from cope_rlhf import patch
@@ -18,6 +19,8 @@ from tests.conftest import ROOT
 COPE_FLAGS = [f"--cope.{f.name}" for f in dataclasses.fields(CoPEConfig)]
 GRPO = ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4"]
 AGENT = ["--train.agent_func_path", "agent_funcs/babyai.py"]
+# What a run on a host without CUDA needs besides OpenRLHF's defaults (cli.cpu_preset_error)
+CPU = ["--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo", "--vllm.enforce_eager"]
 
 
 def run_cli(*argv, timeout=120):
@@ -41,12 +44,15 @@ def exit_of(capsys, argv):
 @pytest.fixture
 def no_patch_left():
     """main() applies the patch in this process; undo it so that other tests see stock OpenRLHF."""
-    modules = {name: importlib.import_module(name) for name in patch.SWAPS}
-    saved = {(m, n): getattr(modules[m], n) for m, (_, names) in patch.SWAPS.items() for n in names}
+    swaps = patch.SWAPS + patch.CPU_SWAPS
+    saved = {(module, name): getattr(importlib.import_module(module), name)
+             for module, _, names in swaps for name in names}
+    saved.update({("torch.cuda", name): getattr(torch.cuda, name)  # cpu_cluster's stubs, on a host without CUDA
+                  for name in ("current_device", "synchronize", "set_device", "current_stream")})
     meta_path = list(sys.meta_path)
     yield
-    for (m, n), value in saved.items():
-        setattr(modules[m], n, value)
+    for (module, name), value in saved.items():
+        setattr(importlib.import_module(module), name, value)
     sys.meta_path[:] = meta_path
 
 
@@ -114,12 +120,55 @@ def test_valid_args_reach_openrlhf_train(monkeypatch, no_patch_left):
 
     monkeypatch.setattr(openrlhf.utils, "get_strategy", stop_at_strategy)
     with pytest.raises(_TrainReached) as reached:
-        cli.main(GRPO + AGENT + ["--cope.te_enable", "--cope.te_lambda", "0.2", "--actor.eps_clip", "0.3"])
+        cli.main(GRPO + AGENT + CPU + ["--cope.te_enable", "--cope.te_lambda", "0.2", "--actor.eps_clip", "0.3"])
     args = reached.value.parsed
     assert args.cope.te_enable is True and args.cope.te_lambda == 0.2
     assert args.actor.eps_clip_low_high == (0.3, 0.3)  # OpenRLHF's own post-processing ran
     assert args.reward.remote_url == ["agent"]
     assert started["runtime_env"]["worker_process_setup_hook"] == patch.WORKER_SETUP_HOOK
     assert "TOKENIZERS_PARALLELISM" in started["runtime_env"]["env_vars"]
+    if not torch.cuda.is_available():  # logical GPUs: actor, ref and reward groups of 8 (OpenRLHF's defaults)
+        assert started["num_gpus"] == 24 and started["num_cpus"] >= 26
     actor_module = importlib.import_module("openrlhf.trainer.ray.ppo_actor")
     assert actor_module.PolicyModelActor.__ray_actor_class__.__name__ == "CoPEPolicyModelActor"
+
+
+@pytest.mark.parametrize("extra, needs", [
+    ([], ["--ds.attn_implementation sdpa"]),
+    (CPU + ["--ds.packing_samples"], ["no --ds.packing_samples"]),
+    (CPU + ["--vllm.enable_sleep", "--train.enable_ema"], ["no --ds.enable_sleep / --vllm.enable_sleep",
+                                                          "no --train.enable_ema"]),
+    (["--ds.attn_implementation", "sdpa", "--vllm.num_engines", "1"], ["--vllm.sync_backend gloo",
+                                                                      "--vllm.enforce_eager"]),
+    (CPU + ["--ds.param_dtype", "fp16", "--ds.adam_offload"], ["--ds.param_dtype bf16", "no --ds.adam_offload"]),
+])
+def test_cpu_host_names_every_missing_flag(extra, needs):
+    args = cli.build_parser().parse_args(GRPO + extra)
+    problem = cli.cpu_preset_error(args, cuda=False)
+    assert problem.startswith("this host has no CUDA device")
+    for need in needs:
+        assert need in problem, (need, problem)
+    assert problem.count(";") == len(needs) - 1  # nothing else is asked for
+    assert cli.cpu_preset_error(args, cuda=True) is None  # a CUDA host keeps OpenRLHF's defaults
+
+
+def test_cpu_preset_is_enough():
+    args = cli.build_parser().parse_args(GRPO + AGENT + CPU + ["--vllm.num_engines", "1"])
+    assert cli.cpu_preset_error(args, cuda=False) is None
+
+
+def test_cpu_ray_resources_cover_every_group():
+    args = cli.build_parser().parse_args(GRPO + CPU + [
+        "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "1", "--reward.num_gpus_per_node", "1",
+        "--vllm.num_engines", "2", "--vllm.tensor_parallel_size", "2"])
+    assert cli.cpu_ray_resources(args)["num_gpus"] == 2 + 1 + 1 + 2 * 2
+    args = cli.build_parser().parse_args(GRPO + CPU + ["--critic.model_name_or_path", "x", "--critic.num_nodes", "2",
+                                                       "--critic.num_gpus_per_node", "3"])
+    assert cli.cpu_ray_resources(args)["num_gpus"] == 3 * 8 + 6
+
+
+def test_cpu_host_without_preset_exits_2(capsys, no_patch_left):
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA: OpenRLHF's GPU defaults apply")
+    code, err = exit_of(capsys, GRPO + AGENT)
+    assert code == 2 and "this host has no CUDA device" in err and "--ds.attn_implementation sdpa" in err

@@ -11,15 +11,13 @@ coefficient, prompt position, step counter, RNG stream). The slow test resumes t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import pytest
 import torch
 
-from tests.conftest import ROOT
-from tests.env_server_proc import EnvServerProcess, require_venv
+from tests.conftest import ROOT, level1_rows, write_jsonl
 
 COPE_METRICS = {
     "cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/info_turns_scored",
@@ -33,37 +31,6 @@ STEPS = 2
 ALL_SIGNALS = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all", "--cope.te_enable",
                "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1",
                "--cope.grpo_filter_degenerate"]
-
-
-def level1_rows(ids) -> list:
-    return [{"prompt": f"babyai/{i}", "label": str(i)} for i in ids]
-
-
-def write_jsonl(path, rows) -> str:
-    with open(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    return str(path)
-
-
-def make_demos(path, item_ids) -> str:
-    spec = importlib.util.spec_from_file_location("make_demos", os.path.join(ROOT, "scripts", "make_demos.py"))
-    make_demos = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_demos)
-    with EnvServerProcess("babyai") as server:
-        return write_jsonl(path, [make_demos.episode(server.url, "babyai", i, 30) for i in item_ids])
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory):
-    require_venv("babyai")
-    from cope_rlhf.local.sft import train as sft
-    from scripts.make_tiny_model import main as make_tiny_model
-
-    d = tmp_path_factory.mktemp("local_e2e")
-    demos = make_demos(d / "demos.jsonl", range(800, 800 + 40 * 200, 40))
-    make_tiny_model(["--out", str(d / "tiny"), "--corpus", demos])
-    sft(str(d / "tiny"), demos, str(d / "sft"), epochs=3, lr=2e-3, batch_size=8, max_len=2048, seed=0)
-    return d
 
 
 def argv(d, *extra):

