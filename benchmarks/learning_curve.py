@@ -10,11 +10,24 @@ quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns, held-out evals every ``-
 CoPE switches (``CONFIGS``; the forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed``
 differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study.
 
+Once a run is trained, ``scripts/eval.py`` scores its final model (``model/``) on the env's held-out items twice, each
+with the training runs' turn limit and token budgets (``EVALS``, ``eval_command``): greedy (temperature 0, one
+episode per item) into ``<run>/eval_greedy.json`` and sampled (temperature 1, 4 episodes per item: Avg@4, pass^1..4)
+into ``<run>/eval_sampled_k4.json``; the warm start's ``model-sft`` gets the same two into ``<out>/<env>/warm_start/``
+(the "before"). Each eval also leaves its ``.episodes.jsonl`` and ``.log`` there. An eval whose JSON exists is kept;
+one in which the env server failed an episode is set aside as ``*.failed.json`` and stops the study (a rerun redoes
+it). The evals share one gateway + env server per env (``EnvStack``). They run on vLLM: measured on BabyAI's 200
+held-out items, 2 CPU cores, with another study's training running alongside, greedy took 238 s (12 s of it playing,
+the rest vLLM's start) and sampled 204 s (75 s playing), so ~7 min per model; vLLM's start alone varied from ~40 to
+~225 s with the load.
+
 Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item) per eval step,
 mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and
 config, held-out success before and at the last step (mean ± 95% half-width over seeds), the first eval step whose
 mean reaches GRPO's final mean ("never" if none), and seconds per training step (median over all steps of all
-seeds, rollout + update). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s);
+seeds, rollout + update), then the final models' held-out evals: greedy success of the warm start → after training
+(mean ± 95% half-width over seeds) and sampled Avg@4 after training (mean reward over each item's 4 episodes, then
+over items; mean ± 95%). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s);
 BabyAI took 5-7 s per step and 8-9 min per 60-step run on 2 CPU cores (docs/results/quickstart_diagnosis.md
 point 22); the default grid is 2 envs x 6 configs x 3 seeds.
 """
@@ -31,7 +44,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
 
 # Stock GRPO, GRPO + the degenerate-group filter (the quickstart's recipe), each CoPE signal on top of that filter,
 # and all together. The signals sit on "filter", not on stock GRPO: stock GRPO's group_norm turns float rounding in
@@ -55,6 +68,24 @@ RECIPE = ["--algo.advantage.estimator", "group_norm", "--actor.loss_agg_mode", "
           "--actor.lr_scheduler", "constant_with_warmup", "--algo.kl.init_coef", "0.01",
           "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--vllm.enable_prefix_caching",
           "--eval.temperature", "1.0", "--eval.n_samples_per_prompt", "2"]
+# The held-out evals of a final model (scripts/eval.py): name -> (file in the run's folder, how it plays). Greedy scores
+# the model's most likely actions, free of sampling luck; sampled plays at the temperature of training and of its
+# in-training evals, 4 episodes per item for Avg@4 and pass^k.
+EVALS = {"greedy": ("eval_greedy.json", ["--temperature", "0", "--k", "1"]),
+         "sampled": ("eval_sampled_k4.json", ["--temperature", "1", "--k", "4"])}
+# Token budgets as the training runs had them. The trainer's rollout.max_new_tokens (64) does not bind there: OpenRLHF's
+# MultiTurnAgentExecutor sets each turn's max_tokens to what is left of data.max_len (2048) after the conversation so
+# far, and trained models use that room (BabyAI grpo seed 0 on 5 held-out items: 29 of 48 sampled replies and 7 of 8
+# greedy ones over 64 tokens, up to 291). eval.py caps a turn at min(--max-new-tokens, what is left), so both at 2048
+# play the episodes as training played them.
+EVAL_BUDGET = ["--max-new-tokens", "2048", "--max-length", "2048"]
+# vLLM rather than HF generate, measured on 20 held-out BabyAI items of a warm start (2 CPU cores, another study
+# training alongside): vLLM needs ~40-225 s to start, then played 20 greedy episodes in 11 s and 80 sampled ones in
+# 12 s; HF starts in ~5 s but took 24 s and 60 s (each batch padded to its longest reply, fp32, no paged KV cache),
+# and a trained model's long replies slow it further (40 replies of up to 305 tokens: 252 s). For 200 items that is
+# ~4 + ~3.5 min with vLLM (measured) against an estimated ~2.5-4 + ~10 min with HF. vLLM is also what training
+# samples with (bf16). One fixed seed for every model, so before and after are scored alike.
+EVAL_ENGINE = ["--engine", "vllm", "--seed", "0"]
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -98,6 +129,52 @@ def run_one(env: str, config: str, seed: int, start: str, args) -> str:
     return out
 
 
+def eval_command(env: str, model: str, items: str, folder: str, name: str, gateway: str) -> tuple[list[str], dict]:
+    """scripts/eval.py's command line for ``EVALS[name]`` of ``model`` into ``folder``, and the environment to run it in
+    (the env's training turn limit, read by the agent func as MAX_TURNS)."""
+    import torch
+
+    from cope_rlhf.local.rollout import engine_env
+
+    file, sampling = EVALS[name]
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "eval.py"), "--env", env, "--model", model, "--items", items,
+           *sampling, *EVAL_BUDGET, *EVAL_ENGINE, "--gateway", gateway, "--out", os.path.join(folder, file)]
+    return cmd, {**os.environ, **engine_env(torch.cuda.is_available()), "MAX_TURNS": str(TURNS[env])}
+
+
+def evaluate(env: str, model: str, folder: str, items: str, gateway: str, names=tuple(EVALS)) -> dict[str, dict]:
+    """Per ``EVALS`` name in ``names``, scripts/eval.py's metrics of ``model`` on ``items``; each eval runs once, its
+    JSON cached in ``folder``."""
+    metrics = {}
+    for name in names:
+        file = EVALS[name][0]
+        path = os.path.join(folder, file)
+        stem = path[:-len(".json")]
+        if not os.path.isfile(path):
+            cmd, env_vars = eval_command(env, model, items, folder, name, gateway)
+            t = time.time()
+            with open(stem + ".log", "w") as log:
+                code = subprocess.run(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT).returncode
+            if code != 0:
+                raise RuntimeError(f"{env} {name} eval of {model} failed ({code}); see {stem}.log")
+            with open(path) as f:
+                failures = json.load(f)["env_failures"]
+            if failures:  # those episodes scored 0 for the env server's fault, not the model's: not a number to keep
+                os.replace(path, stem + ".failed.json")
+                raise RuntimeError(f"{env} {name} eval of {model}: the env server failed {failures} episodes; see "
+                                   f"{stem}.log (rerunning the study redoes it)")
+            print(f"[learning_curve] {env} {name} eval of {model}: {time.time() - t:.0f} s", flush=True)
+        with open(path) as f:
+            metrics[name] = json.load(f)["metrics"]
+    return metrics
+
+
+def cached(folder: str, names: list) -> list:
+    """``names``, plus every eval already cached in ``folder`` (reading it costs nothing)."""
+    return [name for name, (file, _) in EVALS.items()
+            if name in names or os.path.isfile(os.path.join(folder, file))]
+
+
 def read_run(out: str) -> dict:
     """{"eval": {step: success}, "step_s": [seconds per step]} from the run's TensorBoard events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -110,8 +187,20 @@ def read_run(out: str) -> dict:
             "step_s": [rollout[s] + update[s] for s in rollout if s in update]}
 
 
-def summarize(env: str, runs: dict[str, list[dict]]) -> tuple[list[str], dict]:
-    """Table rows for one env, and per config the curve (steps, means, half-widths)."""
+HEADER = ["| env | config | seeds | held-out success before | after the last step (mean ± 95%) "
+          "| first eval step at GRPO's final | s / step | greedy success before → after (mean ± 95%) "
+          "| sampled Avg@4 after (mean ± 95%) |", "|---|---|---|---|---|---|---|---|---|"]
+
+
+def summarize(env: str, runs: dict[str, list[dict]], greedy_before: float | None) -> tuple[list[str], dict]:
+    """Table rows for one env, and per config the curve (steps, means, half-widths). A run is ``read_run``'s dict plus
+    its final model's ``evaluate`` metrics ("greedy", "sampled"; "not run" in the table where a seed lacks one);
+    ``greedy_before``: the warm start's greedy success (None: not run)."""
+    def cell(values: list, before: str = "") -> str:
+        if any(v is None for v in values):
+            return "not run"
+        return f"{before}{statistics.fmean(values):.3f} ± {half_width(values):.3f}"
+
     curves, rows = {}, []
     for config, seeds in runs.items():
         steps = sorted(set.intersection(*(set(r["eval"]) for r in seeds)))
@@ -121,8 +210,12 @@ def summarize(env: str, runs: dict[str, list[dict]]) -> tuple[list[str], dict]:
     for config, (steps, means, halves) in curves.items():
         reach = next((s for s, m in zip(steps, means) if goal is not None and m >= goal), None)
         step_s = statistics.median(t for r in runs[config] for t in r["step_s"])
+        greedy = [r["greedy"]["success_rate"] if "greedy" in r else None for r in runs[config]]
+        sampled = [r["sampled"]["avg@4"] if "sampled" in r else None for r in runs[config]]
+        before = "not run" if greedy_before is None else f"{greedy_before:.3f}"
         rows.append(f"| {env} | {config} | {len(runs[config])} | {means[0]:.3f} | {means[-1]:.3f} ± {halves[-1]:.3f} "
-                    f"| {'never' if reach is None else reach} | {step_s:.1f} |")
+                    f"| {'never' if reach is None else reach} | {step_s:.1f} "
+                    f"| {cell(greedy, f'{before} → ')} | {cell(sampled)} |")
     return rows, curves
 
 
@@ -134,6 +227,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--out", default="runs/learning_curve")
+    parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
+                        help="the final models' held-out evals to run (cached ones are read anyway; none: --evals)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1:
         parser.error("--steps and --eval-every must be >= 1")
@@ -142,21 +237,26 @@ def main(argv: list[str] | None = None) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from cope_rlhf.local.env_stack import EnvStack
     from run_report import main as run_report
 
-    rows = ["| env | config | seeds | held-out success before | after the last step (mean ± 95%) "
-            "| first eval step at GRPO's final | s / step |", "|---|---|---|---|---|---|---|"]
+    rows = list(HEADER)
     fig, axes = plt.subplots(1, len(args.envs), figsize=(6 * len(args.envs), 4), squeeze=False)
     for ax, env in zip(axes[0], args.envs):
         start = warm_start(env, args.out)
+        items = os.path.join(start, "data", "heldout.jsonl")
         runs = {}
-        for config in args.configs:
-            runs[config] = []
-            for seed in args.seeds:
-                out = run_one(env, config, seed, start, args)
-                run_report(["--ckpt", os.path.join(out, "ckpt"), "--png", os.path.join(out, "curve.png")])
-                runs[config].append(read_run(out))
-        env_rows, curves = summarize(env, runs)
+        with EnvStack(env) as stack:  # the evals' gateway (each training run starts its own)
+            before = evaluate(env, os.path.join(start, "model-sft"), start, items, stack.url, cached(start, args.evals))
+            for config in args.configs:
+                runs[config] = []
+                for seed in args.seeds:
+                    out = run_one(env, config, seed, start, args)
+                    run_report(["--ckpt", os.path.join(out, "ckpt"), "--png", os.path.join(out, "curve.png")])
+                    runs[config].append({**read_run(out),
+                                         **evaluate(env, os.path.join(out, "model"), out, items, stack.url,
+                                                    cached(out, args.evals))})
+        env_rows, curves = summarize(env, runs, before["greedy"]["success_rate"] if "greedy" in before else None)
         rows += env_rows
         for config, (steps, means, halves) in curves.items():
             ax.plot(steps, means, marker="o", label=config)
