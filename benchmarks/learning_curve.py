@@ -8,7 +8,8 @@ the quickstart's view-hesitant demonstrator), a tiny model and its SFT) unless `
 exists. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that model: the
 quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns, held-out evals every ``--eval-every`` steps, and only the
 CoPE switches (``CONFIGS``; the forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed``
-differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study.
+differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study;
+``--report-only`` trains nothing and reports the runs that finished (each config over the seeds it has).
 
 Once a run is trained, ``scripts/eval.py`` scores its final model (``model/``) on the env's held-out items twice, each
 with the training runs' turn limit and token budgets (``EVALS``, ``eval_command``): greedy (temperature 0, one
@@ -199,7 +200,8 @@ def summarize(env: str, runs: dict[str, list[dict]], greedy_before: float | None
     def cell(values: list, before: str = "") -> str:
         if any(v is None for v in values):
             return "not run"
-        return f"{before}{statistics.fmean(values):.3f} ± {half_width(values):.3f}"
+        spread = f" ± {half_width(values):.3f}" if len(values) > 1 else " (one seed)"
+        return f"{before}{statistics.fmean(values):.3f}{spread}"
 
     curves, rows = {}, []
     for config, seeds in runs.items():
@@ -213,7 +215,8 @@ def summarize(env: str, runs: dict[str, list[dict]], greedy_before: float | None
         greedy = [r["greedy"]["success_rate"] if "greedy" in r else None for r in runs[config]]
         sampled = [r["sampled"]["avg@4"] if "sampled" in r else None for r in runs[config]]
         before = "not run" if greedy_before is None else f"{greedy_before:.3f}"
-        rows.append(f"| {env} | {config} | {len(runs[config])} | {means[0]:.3f} | {means[-1]:.3f} ± {halves[-1]:.3f} "
+        final = [r["eval"][steps[-1]] for r in runs[config]]
+        rows.append(f"| {env} | {config} | {len(runs[config])} | {means[0]:.3f} | {cell(final)} "
                     f"| {'never' if reach is None else reach} | {step_s:.1f} "
                     f"| {cell(greedy, f'{before} → ')} | {cell(sampled)} |")
     return rows, curves
@@ -227,6 +230,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--out", default="runs/learning_curve")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
                         help="the final models' held-out evals to run (cached ones are read anyway; none: --evals)")
     args = parser.parse_args(argv)
@@ -249,20 +254,24 @@ def main(argv: list[str] | None = None) -> str:
         with EnvStack(env) as stack:  # the evals' gateway (each training run starts its own)
             before = evaluate(env, os.path.join(start, "model-sft"), start, items, stack.url, cached(start, args.evals))
             for config in args.configs:
-                runs[config] = []
                 for seed in args.seeds:
+                    out = os.path.join(args.out, env, f"{config}_seed{seed}")
+                    if args.report_only and not os.path.isfile(os.path.join(out, "ckpt", "summary.json")):
+                        continue
                     out = run_one(env, config, seed, start, args)
                     run_report(["--ckpt", os.path.join(out, "ckpt"), "--png", os.path.join(out, "curve.png")])
-                    runs[config].append({**read_run(out),
-                                         **evaluate(env, os.path.join(out, "model"), out, items, stack.url,
-                                                    cached(out, args.evals))})
+                    runs.setdefault(config, []).append({**read_run(out),
+                                                        **evaluate(env, os.path.join(out, "model"), out, items,
+                                                                   stack.url, cached(out, args.evals))})
         env_rows, curves = summarize(env, runs, before["greedy"]["success_rate"] if "greedy" in before else None)
         rows += env_rows
         for config, (steps, means, halves) in curves.items():
-            ax.plot(steps, means, marker="o", label=config)
+            ax.plot(steps, means, marker="o", label=f"{config} ({len(runs[config])} seeds)")
             ax.fill_between(steps, [m - h for m, h in zip(means, halves)], [m + h for m, h in zip(means, halves)],
                             alpha=0.15)
-        ax.set_title(f"{env}: held-out success (temperature 1),\nmean ± 95% over {len(args.seeds)} seeds", fontsize=10)
+        seeds = sorted({len(r) for r in runs.values()})
+        ax.set_title(f"{env}: held-out success (temperature 1),\nmean ± 95% over {'/'.join(map(str, seeds))} seeds "
+                     "per config", fontsize=10)
         ax.set_xlabel("training step")
         ax.set_ylabel("success rate")
         ax.set_ylim(0, 1)

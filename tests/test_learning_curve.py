@@ -101,3 +101,8 @@ def test_summary_says_not_run_for_missing_evals():
                      {"eval": {0: 0.4, 10: 0.7}, "step_s": [20.0]}]}  # the second seed's evals were not run
     rows, _ = learning_curve.summarize("babyai", runs, greedy_before=None)
     assert rows[0].endswith("| 20.0 | not run | not run |")
+
+
+def test_one_seed_has_no_interval():
+    rows, _ = learning_curve.summarize("babyai", {"te": [{"eval": {0: 0.6, 10: 0.64}, "step_s": [11.0]}]}, None)
+    assert rows[0].startswith("| babyai | te | 1 | 0.600 | 0.640 (one seed) |")
