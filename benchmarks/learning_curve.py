@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> str:
         env_rows, curves = summarize(env, runs, before["greedy"]["success_rate"] if "greedy" in before else None)
         rows += env_rows
         for config, (steps, means, halves) in curves.items():
-            ax.plot(steps, means, marker="o", label=f"{config} ({len(runs[config])} seeds)")
+            n = len(runs[config])
+            ax.plot(steps, means, marker="o", label=f"{config} ({n} seed{'s' if n > 1 else ''})")
             ax.fill_between(steps, [m - h for m, h in zip(means, halves)], [m + h for m, h in zip(means, halves)],
                             alpha=0.15)
         seeds = sorted({len(r) for r in runs.values()})
