@@ -107,10 +107,7 @@ def warm_start(env: str, out: str) -> str:
     return folder
 
 
-def run_one(env: str, config: str, seed: int, start: str, args) -> str:
-    out = os.path.join(args.out, env, f"{config}_seed{seed}")
-    if os.path.isfile(os.path.join(out, "ckpt", "summary.json")):
-        return out
+def run_one(env: str, config: str, seed: int, start: str, out: str, args) -> None:
     cmd = [sys.executable, "-m", "cope_rlhf.local", "train", "--env", env,
            "--actor.model_name_or_path", os.path.join(start, "model-sft"),
            "--data.prompt_dataset", os.path.join(start, "data", "train.jsonl"),
@@ -127,7 +124,6 @@ def run_one(env: str, config: str, seed: int, start: str, args) -> str:
     if code != 0:
         raise RuntimeError(f"{env} {config} seed {seed} failed ({code}); see {out}/train.log")
     print(f"[learning_curve] {env} {config} seed {seed}: {time.time() - t:.0f} s", flush=True)
-    return out
 
 
 def eval_command(env: str, model: str, items: str, folder: str, name: str, gateway: str) -> tuple[list[str], dict]:
@@ -256,9 +252,10 @@ def main(argv: list[str] | None = None) -> str:
             for config in args.configs:
                 for seed in args.seeds:
                     out = os.path.join(args.out, env, f"{config}_seed{seed}")
-                    if args.report_only and not os.path.isfile(os.path.join(out, "ckpt", "summary.json")):
-                        continue
-                    out = run_one(env, config, seed, start, args)
+                    if not os.path.isfile(os.path.join(out, "ckpt", "summary.json")):  # not finished yet
+                        if args.report_only:
+                            continue
+                        run_one(env, config, seed, start, out, args)
                     run_report(["--ckpt", os.path.join(out, "ckpt"), "--png", os.path.join(out, "curve.png")])
                     runs.setdefault(config, []).append({**read_run(out),
                                                         **evaluate(env, os.path.join(out, "model"), out, items,
