@@ -21,10 +21,10 @@ its switch is on, in this order:
 
 Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/filtered_frac``,
 ``cope/info_reward_mean``, ``cope/info_beta_mean``, ``cope/info_turns_scored``, ``cope/forecast_samples``,
-``cope/forecast_kept_frac``, ``cope/te_slots``, ``cope/te_slot_coverage``): OpenRLHF's actor averages every
-per-sample ``info`` tensor into its status, which reaches TensorBoard. With every switch off this is exactly
-OpenRLHF's method; the one addition is a warning (``advantage.rounding_noise_frac``, once per run) when stock
-group_norm meets equal rewards that it turns into rounding-made advantages, pointing to
+``cope/forecast_kept_frac``, ``cope/te_slots``, ``cope/te_slot_coverage``, ``cope/te_member_first_token_prob``):
+OpenRLHF's actor averages every per-sample ``info`` tensor into its status, which reaches TensorBoard. With every
+switch off this is exactly OpenRLHF's method; the one addition is a warning (``advantage.rounding_noise_frac``, once
+per run) when stock group_norm meets equal rewards that it turns into rounding-made advantages, pointing to
 ``--cope.grpo_filter_degenerate``.
 """
 
@@ -137,6 +137,8 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
                 e.info[TE_KEY] = [r for r, _ in members]
             found = [m for _, members in results for _, m in members]
             slots = sum(m["cope/te_slots"] for m in found)
-            covered = sum(m["cope/te_slots"] * m["cope/te_slot_coverage"] for m in found)
-            metrics.update({"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0})
+            covered = [m["cope/te_slots"] * m["cope/te_slot_coverage"] for m in found]
+            hit = sum(c * m["cope/te_member_first_token_prob"] for c, m in zip(covered, found))
+            metrics.update({"cope/te_slots": slots, "cope/te_slot_coverage": sum(covered) / slots if slots else 0.0,
+                            "cope/te_member_first_token_prob": hit / sum(covered) if sum(covered) else 0.0})
         return [gain for (gain, _), _ in results] if self.cope.info_gain_enable else [], metrics

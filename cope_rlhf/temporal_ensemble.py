@@ -9,6 +9,13 @@ token ids occur verbatim inside turn t's action tokens (last occurrence); member
 forecast samples always use the ``list`` layout, whatever ``ACTION_FORECAST_LAYOUT`` says; a fraction
 ``TE_TRAJ_SUBSAMPLE`` of each batch's trajectories gets members.
 
+``cope/te_member_first_token_prob``: the mean, over covered slots, of the member's probability of the first token
+of the action actually taken. It says whether the members know what they distil: a warm start that never saw the
+plan-ahead prompt gives ~0.001 there (its members expect "Thought"/"Action", the tokens that open its replies), and
+distilling such members pulls the policy's first action token toward those format tokens
+(docs/results/quickstart_diagnosis.md point 27). ``TE_WARMUP_STEPS`` exists to let the forecast loss train this up
+first.
+
     q^F = mean over members of the top-M distributions          (total mass  mass_topM <= 1)
     q   = ((1 - eta) * pi_frozen(. | h_t) + eta * q^F) / Z,      Z = (1 - eta) + eta * mass_topM
     q   = pi_frozen                                              for tokens without members
@@ -69,6 +76,7 @@ def collect_members(
     members: Dict[Tuple[int, int], List[Tuple[torch.Tensor, torch.Tensor]]] = {}
     per_trajectory: Dict[int, int] = {}
     slots = covered = 0
+    first_token_prob = 0.0
     for sample, logits in zip(samples, forecast_logits):
         tokens, turns = trajectories[sample.row]
         for t, start, end in sample.slots:
@@ -81,6 +89,7 @@ def collect_members(
             covered += 1
             width = min(end - start, MAX_SLOT_TOKENS)
             probs, ids = torch.softmax(logits[start - 1 : start - 1 + width].float(), dim=-1).topk(top_m, dim=-1)
+            first_token_prob += float(probs[0][ids[0] == tokens[at]].sum())
             for j in range(width):
                 key = (sample.row, at + j)
                 if key not in members:
@@ -96,7 +105,8 @@ def collect_members(
     for i, x in enumerate(targets):
         for k, (p, ids) in enumerate(members[x]):
             member_probs[i, k], member_ids[i, k], valid[i, k] = p, ids, True
-    metrics = {"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0}
+    metrics = {"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0,
+               "cope/te_member_first_token_prob": first_token_prob / covered if covered else 0.0}
     return targets, member_probs, member_ids, valid, metrics
 
 

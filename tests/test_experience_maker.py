@@ -266,7 +266,7 @@ def test_show_stock_vs_cope(groups, tok, stock):
     for key, value in sorted(metrics.items()):
         print(f"  {key:<28} {value:.4f}")
     assert {"cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/forecast_samples",
-            "cope/te_slot_coverage"} <= metrics.keys()
+            "cope/te_slot_coverage", "cope/te_member_first_token_prob"} <= metrics.keys()
     degenerate = [e.advantages[b] for e in no_filter for b, row in enumerate(e.index) if 4 <= row < 8]
     stock_degenerate = [e.advantages[b] for e in stock for b, row in enumerate(e.index) if 4 <= row < 8]
     assert not all(torch.equal(x, y) for x, y in zip(degenerate, stock_degenerate))  # the gate opened there

@@ -23,6 +23,7 @@ COPE_METRICS = {
     "cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/info_turns_scored",
     "cope/forecast_samples", "cope/forecast_kept_frac", "cope/forecast_loss", "cope/forecast_samples_trained",
     "cope/te_slots", "cope/te_slot_coverage", "cope/te_kl",
+    "cope/te_member_first_token_prob",
 }
 RUN_METRICS = {"rollout/reward", "rollout/success_rate", "rollout/episode_length", "rollout/invalid_action_rate",
                "rollout/rejected_action_rate",

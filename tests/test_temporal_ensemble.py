@@ -74,7 +74,8 @@ def test_collect_members_from_forecasts():
         samples, [logits[i, : len(s.input_ids)] for i, s in enumerate(samples)], {5: (tokens, turns)}, top_m=8
     )
     # forecasts at s=0 cover turns 1, 2; s=1 covers 2, 3; s=2 covers 3: turn 1 has 1 member, turns 2 and 3 have 2
-    assert metrics == {"cope/te_slots": 5, "cope/te_slot_coverage": 1.0}
+    assert {k: metrics[k] for k in ("cope/te_slots", "cope/te_slot_coverage")} == {"cope/te_slots": 5,
+                                                                                 "cope/te_slot_coverage": 1.0}
     by_turn = {}
     for (row, pos), v in zip(targets, valid.sum(-1).tolist()):
         assert row == 5
@@ -93,3 +94,33 @@ def test_collect_members_from_forecasts():
     expected = torch.softmax(logits[0, start - 1], -1).topk(8)
     assert torch.allclose(probs[first, 0], expected.values) and torch.equal(ids[first, 0], expected.indices)
     assert math.isclose(float(probs[first, 0].sum()), float(expected.values.sum()), rel_tol=1e-6)
+
+
+def test_member_first_token_prob_says_whether_members_foresaw_the_action():
+    """``cope/te_member_first_token_prob``: members sure of the taken action's first token give 1, members sure of
+    another token ("Thought", as an untrained forecast's are) give 0; later tokens of the slot do not count."""
+    tok = tiny_tokenizer()
+    obs = ["Go to the red ball.", "You see a door.", "The door opens.", "Done."]
+    acts = ["Action:\nlook around", "Action:\nopen door", "Action:\npick up key"]
+    e = to_experience(agent_response(tok, obs, acts))
+    tokens = e.sequences[0].tolist()
+    turns = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+    samples = build_forecast_samples(tokens, turns, tok, k=3, row=0)
+    wrong = tok("Thought", add_special_tokens=False)["input_ids"][0]
+
+    def forecasts(first_token_of):
+        """Logits certain of ``first_token_of(realized first token)`` at each later slot's first token."""
+        out = []
+        for s in samples:
+            logits = torch.zeros(len(s.input_ids), len(tok))
+            for t, start, _ in s.slots:
+                if t > s.turn:
+                    logits[start - 1, first_token_of(s.input_ids[start])] = 50.0
+            out.append(logits)
+        return out
+
+    hit = collect_members(samples, forecasts(lambda real: real), {0: (tokens, turns)}, top_m=8)[-1]
+    miss = collect_members(samples, forecasts(lambda real: wrong), {0: (tokens, turns)}, top_m=8)[-1]
+    assert hit["cope/te_slots"] == 3 and hit["cope/te_slot_coverage"] == 1.0
+    assert hit["cope/te_member_first_token_prob"] == pytest.approx(1.0, abs=1e-6)
+    assert miss["cope/te_member_first_token_prob"] == pytest.approx(0.0, abs=1e-6)
