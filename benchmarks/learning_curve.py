@@ -30,7 +30,7 @@ seeds, rollout + update), then the final models' held-out evals: greedy success 
 (mean ± 95% half-width over seeds) and sampled Avg@4 after training (mean reward over each item's 4 episodes, then
 over items; mean ± 95%). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s);
 BabyAI took 5-7 s per step and 8-9 min per 60-step run on 2 CPU cores (docs/results/quickstart_diagnosis.md
-point 22); the default grid is 2 envs x 6 configs x 3 seeds.
+point 22); the default grid is 2 envs x 7 configs x 3 seeds.
 """
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ FILTER = ["--cope.grpo_filter_degenerate"]
 FORECAST = ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint"]
 TE = ["--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0"]
 INFO = ["--cope.info_intrinsic_weight", "0.1"]
+# "all_but_te": every signal except TE, because TE is what makes "all" fall (docs/results/quickstart_diagnosis.md
+# point 27: its members, forecasts of a later turn, give the action taken there ~0.001-0.3 probability here).
 CONFIGS = {"grpo": [], "filter": FILTER, "forecast": FILTER + FORECAST, "te": FILTER + FORECAST + TE,
-           "info": FILTER + INFO, "all": FILTER + FORECAST + TE + INFO}
+           "info": FILTER + INFO, "all": FILTER + FORECAST + TE + INFO, "all_but_te": FILTER + FORECAST + INFO}
 WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-hesitant",
                          "--epochs", "16"],
               "textcraft": ["--heldout", "100", "--demos", "300", "--epochs", "16"]}
