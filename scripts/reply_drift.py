@@ -14,7 +14,8 @@ by the reply text before it:
     thought       up to the end of the thought's first line (the "Thought:" header included)
     to-action     after that line, up to and including "Action:" and its newline
     action        the action line(s) after "Action:"
-    end           the reply's last token (end of turn), whatever came before
+    end           the reply's end-of-turn token (the tokenizer's EOS, which the policy writes; template tokens
+                  after it, such as ChatML's newline, are not the policy's and are left out)
 
 and prints, per part, the token count and the mean and largest KL. RL that only reweighs which action to take moves
 "action"; a collapse of the format shows as KL in "thought" / "to-action" / "end" (e.g. replies that no longer
@@ -61,8 +62,9 @@ def drift_by_part(ref, new, tokenizer, episodes: list[dict]) -> dict[str, list[f
                 if message["role"] != "assistant" or i < 2:  # message 1 is the scripted acknowledgement
                     continue
                 start, end = len(encode(messages[:i], add_generation_prompt=True)), len(encode(messages[: i + 1]))
-                for p in range(start, end):
-                    part = "end" if p == end - 1 else reply_part(tokenizer.decode(ids[start:p]))
+                stop = next((p for p in range(start, end) if ids[p] == tokenizer.eos_token_id), end - 1)
+                for p in range(start, stop + 1):
+                    part = "end" if p == stop else reply_part(tokenizer.decode(ids[start:p]))
                     parts[part].append(float(kl[p - 1]))
     return parts
 

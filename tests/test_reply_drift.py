@@ -34,9 +34,11 @@ def test_same_model_has_no_drift_and_a_changed_head_drifts_everywhere():
     same = drift_by_part(ref, copy.deepcopy(ref), tok, [EPISODE])
     assert set(same) == {"thought", "to-action", "action", "end"}
     assert all(abs(v) < 1e-5 for values in same.values() for v in values)
-    # the scripted first reply is skipped: tokens counted = the two later replies' tokens
+    # the scripted first reply is skipped; each later reply counts its own tokens and its EOS, not the template's
+    # newline after the EOS
     replies = [m["content"] for m in EPISODE["messages"][3::2]]
-    assert sum(map(len, same.values())) >= sum(len(tok(r, add_special_tokens=False)["input_ids"]) for r in replies)
+    assert sum(map(len, same.values())) == sum(len(tok(r, add_special_tokens=False)["input_ids"]) + 1 for r in replies)
+    assert len(same["end"]) == 2
     new = copy.deepcopy(ref)
     with torch.no_grad():
         new.model.norm.weight.mul_(3.0)  # sharper logits at every position
