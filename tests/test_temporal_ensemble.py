@@ -124,3 +124,22 @@ def test_member_first_token_prob_says_whether_members_foresaw_the_action():
     assert hit["cope/te_slots"] == 3 and hit["cope/te_slot_coverage"] == 1.0
     assert hit["cope/te_member_first_token_prob"] == pytest.approx(1.0, abs=1e-6)
     assert miss["cope/te_member_first_token_prob"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_te_repeated_with_q_from_the_current_policy_hands_the_token_to_the_members():
+    """docs/METHOD.md "What TE converges to": q is re-mixed from the (detached) current policy at every step, so
+    repeated TE steps carry the policy to the members' distribution, not to a blend of the two."""
+    vocab = 6
+    policy = torch.log(torch.tensor([[0.90, 0.04, 0.02, 0.02, 0.01, 0.01]])).requires_grad_(True)
+    forecast = torch.tensor([0.05, 0.70, 0.10, 0.05, 0.05, 0.05])  # the members expect token 1; the policy says 0
+    probs, ids = forecast.sort(descending=True)
+    member_probs, member_ids, valid = probs.view(1, 1, vocab), ids.view(1, 1, vocab), torch.ones(1, 1, dtype=torch.bool)
+    optimizer = torch.optim.SGD([policy], lr=2.0)
+    for _ in range(400):
+        q = mixture_target(policy.detach(), member_probs, member_ids, valid, eta=0.5)
+        optimizer.zero_grad()
+        te_loss(policy, q, 1.0).backward()
+        optimizer.step()
+    final = torch.softmax(policy.detach(), -1)[0]
+    assert torch.allclose(final, forecast, atol=0.02)
+    assert int(final.argmax()) == 1
