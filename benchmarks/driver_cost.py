@@ -66,18 +66,14 @@ def real_command(start: str, out: str, steps: int) -> list:
 
 
 def step_seconds(tb_dir: str, driver: str) -> list:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cope_rlhf.tb_scalars import read_scalars
 
-    values = {}
-    for run in sorted(os.listdir(tb_dir)):
-        acc = EventAccumulator(os.path.join(tb_dir, run))
-        acc.Reload()
-        tags = acc.Tags()["scalars"]
-        if driver == "real" and "train/timing/step_total" in tags:
-            values.update({e.step: e.value for e in acc.Scalars("train/timing/step_total")})
-        elif driver == "local" and "rollout/time_s" in tags:
-            update = {e.step: e.value for e in acc.Scalars("train/time_s")}
-            values.update({e.step: e.value + update[e.step] for e in acc.Scalars("rollout/time_s")})
+    scalars = read_scalars(tb_dir)
+    if driver == "real":
+        values = scalars.get("train/timing/step_total", {})
+    else:
+        update = scalars.get("train/time_s", {})
+        values = {s: v + update[s] for s, v in scalars.get("rollout/time_s", {}).items()}
     return [values[s] for s in sorted(values) if s >= 2]
 
 

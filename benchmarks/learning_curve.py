@@ -176,14 +176,11 @@ def cached(folder: str, names: list) -> list:
 
 def read_run(out: str) -> dict:
     """{"eval": {step: success}, "step_s": [seconds per step]} from the run's TensorBoard events."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cope_rlhf.tb_scalars import read_scalars
 
-    acc = EventAccumulator(os.path.join(out, "tb"))
-    acc.Reload()
-    rollout = {e.step: e.value for e in acc.Scalars("rollout/time_s")}
-    update = {e.step: e.value for e in acc.Scalars("train/time_s")}
-    return {"eval": {e.step: e.value for e in acc.Scalars("eval/success_rate")},
-            "step_s": [rollout[s] + update[s] for s in rollout if s in update]}
+    scalars = read_scalars(os.path.join(out, "tb"))
+    rollout, update = scalars["rollout/time_s"], scalars["train/time_s"]
+    return {"eval": scalars["eval/success_rate"], "step_s": [rollout[s] + update[s] for s in rollout if s in update]}
 
 
 HEADER = ["| env | config | seeds | held-out success before | after the last step (mean ± 95%) "

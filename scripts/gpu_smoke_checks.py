@@ -15,7 +15,6 @@ is for the stage's log. The tensorboard and signal-cost checks need no GPU (test
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -120,29 +119,22 @@ def check_flash_attn() -> int:
 
 
 def scalar_tags(logdir: str) -> tuple[dict, int]:
-    """({tag: [steps]} over every event file under ``logdir``, number of event files)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """({tag: [steps]} over every event folder under ``logdir``, number of event folders)."""
+    from cope_rlhf.tb_scalars import event_folders, read_scalars
 
-    files = glob.glob(os.path.join(logdir, "**", "events.out.tfevents.*"), recursive=True)
-    tags: dict = {}
-    for folder in sorted({os.path.dirname(f) for f in files}):
-        acc = EventAccumulator(folder, size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            tags.setdefault(tag, set()).update(e.step for e in acc.Scalars(tag))
-    return {t: sorted(s) for t, s in tags.items()}, len(files)
+    return {tag: sorted(steps) for tag, steps in read_scalars(logdir).items()}, len(event_folders(logdir))
 
 
 def check_tensorboard(logdir: str) -> int:
-    tags, files = scalar_tags(logdir)
-    if not files:
+    tags, folders = scalar_tags(logdir)
+    if not folders:
         print(f"no TensorBoard event file under {logdir}: the run logged nothing")
         key("no event file")
         return 1
     found = {name: [t for t in tags if t == name or t.endswith("/" + name)] for name in EXPECTED_COPE_TAGS}
     missing = [name for name, hits in found.items() if not hits]
     steps = sorted({step for logged in tags.values() for step in logged})
-    print(f"{files} event file(s), {len(tags)} scalar tags, steps {steps}")
+    print(f"{folders} event folder(s), {len(tags)} scalar tags, steps {steps}")
     for name, hits in found.items():
         print(f"  {'ok     ' if hits else 'MISSING'} {name}" + (f"  ({', '.join(hits)})" if hits else ""))
     if missing:

@@ -90,11 +90,9 @@ def plot(tensorboard: str, table: list[dict], png: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cope_rlhf.tb_scalars import read_scalars
 
-    acc = EventAccumulator(tensorboard)
-    acc.Reload()
-    rollout = [(e.step, e.value) for e in acc.Scalars("rollout/success_rate")]
+    rollout = sorted(read_scalars(tensorboard).get("rollout/success_rate", {}).items())
     fig, ax = plt.subplots(figsize=(7, 4))
     if rollout:
         x, y = zip(*rollout)

@@ -55,11 +55,9 @@ def finished_run(warm_model):
 
 
 def scalar_tags(logdir) -> dict:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cope_rlhf.tb_scalars import read_scalars
 
-    acc = EventAccumulator(str(logdir))
-    acc.Reload()
-    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {tag: sorted(steps) for tag, steps in read_scalars(str(logdir)).items()}
 
 
 def test_policy_moved(finished_run, warm_model):
@@ -87,13 +85,11 @@ def test_every_metric_in_tensorboard(finished_run, warm_model):
 
 def test_eval_episodes_file_matches_the_logged_rate(finished_run, warm_model):
     """Each held-out episode is recorded with its item id, so before/after can be compared item by item."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cope_rlhf.tb_scalars import read_scalars
 
     rows = [json.loads(line) for line in open(warm_model / "ckpt" / "eval_episodes.jsonl")]
     items = [r["label"] for r in level1_rows(range(0, 160, 40))]
-    acc = EventAccumulator(str(warm_model / "tb"))
-    acc.Reload()
-    logged = {e.step: e.value for e in acc.Scalars("eval/success_rate")}
+    logged = read_scalars(str(warm_model / "tb"))["eval/success_rate"]
     assert sorted({r["step"] for r in rows}) == sorted(logged) == [0, STEPS]
     for step, rate in logged.items():
         at_step = [r for r in rows if r["step"] == step]

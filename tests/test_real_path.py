@@ -90,15 +90,9 @@ def run_cli(argv: list, gateway_url: str, log_path, **env: str) -> None:
 def train_scalars(tb_dir, runs=None) -> dict:
     """{tag without OpenRLHF's "train/" prefix: {step: value}} over the run folders OpenRLHF made under tb_dir (one
     per launch; all of them unless ``runs`` names some)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cope_rlhf.tb_scalars import read_scalars
 
-    scalars = {}
-    for run in sorted(os.listdir(tb_dir)) if runs is None else runs:
-        acc = EventAccumulator(os.path.join(tb_dir, run))
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            scalars.setdefault(tag.removeprefix("train/"), {}).update({e.step: e.value for e in acc.Scalars(tag)})
-    return scalars
+    return {tag.removeprefix("train/"): values for tag, values in read_scalars(str(tb_dir), runs).items()}
 
 
 def test_zero2_every_signal_weights_reach_vllm_and_resume(warm_model, gateway, tmp_path):
