@@ -19,7 +19,8 @@ GC_THRESHOLD = 50_000  # allocations between young-generation collections (Pytho
 
 # flag -> GatewayConfig field; flags override the config file only where given
 SCALARS = {"host": str, "port": int, "max_sessions": int, "session_ttl": float, "request_timeout": float,
-           "queue_timeout": float, "max_concurrency": int, "max_queue": int, "health_interval": float, "max_body": int}
+           "queue_timeout": float, "max_concurrency": int, "max_queue": int, "health_interval": float, "max_body": int,
+           "max_action_bytes": int}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
              "closed", "request_timeout": "seconds per backend call", "queue_timeout": "longest wait for a replica "
              "slot before 503", "max_concurrency": "requests in flight per replica", "max_queue": "queued requests "
              "per replica before immediate 503", "health_interval": "seconds between health checks",
-             "max_body": "largest request body in bytes"}
+             "max_body": "largest request body in bytes", "max_action_bytes": "largest action in bytes, as "
+             "forwarded to the env server (UTF-8 JSON); a larger one gets 413"}
     for name, typ in SCALARS.items():
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
                        help=f"{helps.get(name, name)} (default {getattr(defaults, name)})")

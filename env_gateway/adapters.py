@@ -82,9 +82,14 @@ class Adapter:
         if params:
             path += "?" + urlencode(params)
         where = f"{method} {path}"
+        payload = None
+        if body is not None:
+            try:  # UTF-8 as is: \u escapes would triple non-ASCII text (and could push it over the backend's limit)
+                payload = json.dumps(body, ensure_ascii=False).encode()
+            except UnicodeEncodeError:  # a lone surrogate somewhere (the gateway refuses such actions): escaped
+                payload = json.dumps(body).encode()
         try:
-            status, raw = await self.http.request(method, url, path, None if body is None else json.dumps(body).encode(),
-                                                  self.timeout)
+            status, raw = await self.http.request(method, url, path, payload, self.timeout)
         except HttpError as e:
             cause = f"{where}: {e}" if not e.timed_out else f"{where} timed out after {self.timeout:g}s"
             raise BackendError(url, cause, retryable=True, reached=e.connected, timed_out=e.timed_out) from None

@@ -66,13 +66,14 @@ class GatewayConfig:
     max_queue: int = 4096            # requests waiting per replica before immediate 503s
     health_interval: float = 5.0
     max_body: int = 1 << 20          # bytes
+    max_action_bytes: int = 1 << 16  # an action as forwarded (UTF-8 JSON); env servers take bodies up to 1 MiB
     envs: dict[str, EnvConfig] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
         if not self.envs:
             raise ConfigError("no environments: give at least one --env NAME=URL, --spawn NAME=CMD:N, or 'envs:' "
                               "in --config")
-        for name in ("max_sessions", "max_concurrency", "max_queue", "max_body"):
+        for name in ("max_sessions", "max_concurrency", "max_queue", "max_body", "max_action_bytes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("session_ttl", "request_timeout", "queue_timeout", "health_interval"):

@@ -19,6 +19,9 @@ Contract:
   afterwards) and the caller gets 502 (504 on a timeout) naming the backend and the cause, so the agent
   func can end that episode with reward 0 while the rest of its group carries on. Transport failures
   take a replica out of rotation at once; periodic health checks put it back when it answers.
+- Actions are forwarded as sent (UTF-8 JSON, no ``\\u`` escapes that would triple non-ASCII text); one larger than
+  ``max_action_bytes`` as forwarded gets 413 and one that is not valid Unicode (a lone surrogate) 400, before a
+  backend sees it; the session stays open.
 - Errors: every error answer is JSON ``{"error": name, "detail": what happened and what to do}``; bad
   input gets a 4xx, never a 500, and nothing waits without a deadline.
 """
@@ -375,6 +378,15 @@ class Gateway:
             action = pool.adapter.action(body["action"])
         except BadItem as e:
             raise ApiError(400, "bad_action", f"{env}: {e}") from None
+        try:
+            size = len(json.dumps(action, ensure_ascii=False).encode())
+        except UnicodeEncodeError as e:
+            raise ApiError(400, "bad_action", f"{env}: the action is not valid Unicode (a lone surrogate, "
+                                              f"{e.object[e.start:e.end]!a}); send UTF-8 text") from None
+        if size > self.config.max_action_bytes:
+            raise ApiError(413, "action_too_large", f"{env}: the action is {size} bytes as forwarded, over the "
+                                                    f"gateway's --max-action-bytes {self.config.max_action_bytes}; "
+                                                    "send a shorter action (the session stays open)")
         if session.busy:
             raise ApiError(409, "session_busy", f"session {session.id} has a step in flight already; send one step "
                                                 "at a time and wait for its answer")

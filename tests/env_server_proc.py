@@ -174,6 +174,42 @@ def check_no_cross_talk(server: EnvServerProcess, data_indices: list[int], steps
     assert server.ok("GET", "/")["instances"] == 0
 
 
+def check_crafted_actions(server: EnvServerProcess, reset: dict, actions: list[str]) -> list[dict]:
+    """Each action, stepped on one reset instance while another thread asks for health, answers fast: in the best of
+    3 tries the step takes under 100 ms and the slowest health answer meanwhile too (an env's parser that
+    backtracks holds the GIL, so health stalls as long, in every try; one try may meet a scheduling hiccup).
+    Returns each action's (last) reply; the instance is closed."""
+    env_id = server.ok("POST", "/create")["id"]
+    server.ok("POST", "/reset", {"id": env_id, **reset})
+    replies = []
+    for action in actions:
+        step_s, health_s, reply = [], [], None
+        for _ in range(3):
+            done, polled = threading.Event(), []
+
+            def poll_health() -> None:  # at least once, until the step has answered
+                while not (polled and done.is_set()):
+                    t0 = time.perf_counter()
+                    server.ok("GET", "/", timeout=10)
+                    polled.append(time.perf_counter() - t0)
+
+            poller = threading.Thread(target=poll_health)
+            poller.start()
+            t0 = time.perf_counter()
+            try:
+                reply = server.ok("POST", "/step", {"id": env_id, "action": action}, timeout=60)
+            finally:
+                step_s.append(time.perf_counter() - t0)
+                done.set()
+                poller.join(timeout=60)
+                health_s.append(max(polled))
+        assert min(step_s) < 0.1, f"a {len(action)}-character action took {min(step_s):.3f} s at best: {action[:40]!r}"
+        assert min(health_s) < 0.1, f"health took {min(health_s):.3f} s at best during a {len(action)}-character action"
+        replies.append(reply)
+    server.ok("POST", "/close", {"id": env_id})
+    return replies
+
+
 def require_venv(name: str) -> None:
     import pytest
 

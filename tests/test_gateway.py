@@ -298,6 +298,9 @@ def test_max_sessions():
     ("DELETE", "/v1/sessions/nope", None, 404, "unknown_session", "POST /v1/sessions"),
     ("POST", "/v1/sessions/{sid}/step", b"{}", 400, "missing_action", "'action'"),
     ("POST", "/v1/sessions/{sid}/step", b'{"action": 3}', 400, "bad_action", "string"),
+    ("POST", "/v1/sessions/{sid}/step", b'{"action": "' + b"x" * 70_000 + b'"}', 413, "action_too_large",
+     "--max-action-bytes"),
+    ("POST", "/v1/sessions/{sid}/step", b'{"action": "go \\ud800"}', 400, "bad_action", "lone surrogate"),
     ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 1, "pad": "' + b"x" * 300_000 + b'"}', 413,
      "body_too_large", "--max-body"),
     ("GET", "/v2/whatever", None, 404, "not_found", "the API is"),
@@ -314,6 +317,22 @@ def test_bad_input_gets_a_helpful_4xx(method, path, body, status, error, hint):
                 assert hint in answer["detail"], answer
                 r = await client.step(opened.session_id, expected_action(1, 0))  # the gateway is unharmed
                 assert r.observation.startswith("item 1 step 1")
+    run(main())
+
+
+def test_non_ascii_actions_are_forwarded_as_utf8_not_tripled_by_escapes():
+    """300,000 "é" are 600 KB as UTF-8 and 1.8 MB as JSON \\u escapes: the backend (aiohttp's 1 MiB limit) takes
+    the first; the escaped form it answered with 413, and the gateway ended the session with a 502."""
+    async def main():
+        async with running("agentgym") as (backend, burl), \
+                gateway({"babyai": [burl]}, max_body=2_000_000, max_action_bytes=700_000) as (gw, url):
+            async with GatewayClient(url) as client:
+                opened = await client.create("babyai", 1)
+                body = json.dumps({"action": "é" * 300_000}, ensure_ascii=False).encode()
+                got, answer, _ = await raw(url, "POST", f"/v1/sessions/{opened.session_id}/step", body,
+                                           headers={"Content-Type": "application/json; charset=utf-8"})
+                assert got == 200, answer
+                assert answer["reward"] == 0
     run(main())
 
 

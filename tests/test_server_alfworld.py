@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.env_server_proc import EnvServerProcess, require_venv, server_fixture
+from tests.env_server_proc import EnvServerProcess, check_crafted_actions, require_venv, server_fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,6 +70,16 @@ def test_bad_requests_get_clear_errors(server):
     assert server.call("POST", "/step", {"id": env_id, "action": "look"})[0] == 409  # not reset yet
     assert server.call("GET", "/items?split=valid")[0] == 400
     server.ok("POST", "/close", {"id": env_id})
+
+
+def test_overlong_action_is_an_invalid_action_with_the_commands_still_listed(server):
+    env_id = server.ok("POST", "/create")["id"]
+    first = server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})
+    server.ok("POST", "/close", {"id": env_id})
+    [reply] = check_crafted_actions(server, {"data_idx": 0}, ["go to " * 11000])
+    assert reply["observation"].startswith("Invalid action: the action is 66000 characters long, over the 1024")
+    assert reply["available_actions"] == first["available_actions"]
+    assert reply["reward"] == 0 and reply["done"] is False
 
 
 @pytest.mark.parametrize("n_steps", [pytest.param(3, id="first-3-steps"),

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tests.env_server_proc import EnvServerProcess, check_no_cross_talk, expert_episode, require_venv, server_fixture
+from tests.env_server_proc import (EnvServerProcess, check_crafted_actions, check_no_cross_talk, expert_episode,
+                                   require_venv, server_fixture)
 
 pytestmark = pytest.mark.timeout(120)
 server = server_fixture("babyai")
@@ -54,6 +55,21 @@ def test_garbage_action_is_an_invalid_action_not_an_error(server):
     assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
     status, body = server.call("POST", "/step", {"id": env_id, "action": "turn left"})
     assert status == 404 and body["error"] == "unknown_id"
+
+
+def test_overlong_and_non_text_actions_are_invalid_actions_that_change_nothing(server):
+    """An action over max_action_chars (256) is not parsed, even when stripping would leave a valid one; a lone
+    surrogate is not text. Both: invalid action, the view as it was, the session alive."""
+    env_id = server.ok("POST", "/create")["id"]
+    view = server.ok("POST", "/reset", {"id": env_id, "data_idx": 1})["observation"].split("\n", 1)[1]
+    server.ok("POST", "/close", {"id": env_id})
+    padded, surrogate = "turn left" + " " * 300, "turn left \ud800"
+    replies = check_crafted_actions(server, {"data_idx": 1}, [padded, surrogate])
+    assert replies[0]["observation"] == ("Invalid action: the action is 309 characters long, over the 256 this babyai "
+                                         f"server takes. Answer with one short command.\n{view}")
+    assert replies[1]["observation"].startswith("Invalid action: the action holds a lone surrogate at position 10")
+    assert replies[1]["observation"].endswith(view)
+    assert all(r["reward"] == 0 and r["score"] == 0 and r["done"] is False for r in replies)
 
 
 def test_fifty_concurrent_sessions_follow_their_own_items(server):

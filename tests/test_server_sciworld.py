@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.env_server_proc import EnvServerProcess, require_venv, server_fixture
+from tests.env_server_proc import EnvServerProcess, check_crafted_actions, require_venv, server_fixture
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,6 +47,15 @@ def test_expert_reaches_full_score_and_garbage_is_an_invalid_action(server):
     assert server.ok("GET", f"/observation?id={env_id}")["observation"] == result["observation"]
     assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
     assert server.call("POST", "/step", {"id": env_id, "action": "look around"})[0] == 404
+
+
+def test_non_text_and_overlong_actions_are_invalid_actions_not_a_dead_session(server):
+    """"look \\ud800" made the JVM bridge throw (Py4JError, a 500 that ended the session at the gateway); an action
+    over max_action_chars (1024) is not sent to the JVM either. Both: an invalid action, score kept."""
+    replies = check_crafted_actions(server, {"data_idx": FIND_LIVING_THING}, ["look \ud800", "look " * 13000])
+    assert replies[0]["observation"].startswith("Invalid action: the action holds a lone surrogate at position 5")
+    assert replies[1]["observation"].startswith("Invalid action: the action is 65000 characters long, over the 1024")
+    assert all(r["reward"] == 0 and r["score"] == 0 and r["done"] is False for r in replies)
 
 
 def test_valid_actions_endpoint_and_bad_requests(server):

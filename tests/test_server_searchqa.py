@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from tests.env_server_proc import (ROOT, EnvServerProcess, check_no_cross_talk, expert_episode, require_venv,
-                                   server_fixture, venv_python)
+from tests.env_server_proc import (ROOT, EnvServerProcess, check_crafted_actions, check_no_cross_talk,
+                                   expert_episode, require_venv, server_fixture, venv_python)
 
 pytestmark = pytest.mark.timeout(120)
 server = server_fixture("searchqa")
@@ -100,3 +100,13 @@ def test_corpus_and_qa_files_given_by_path(tmp_path):
     bad = subprocess.run([venv_python("searchqa"), "-m", "env_gateway.servers.searchqa", "--qa",
                           str(tmp_path / "missing.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "file not found" in bad.stderr
+
+
+def test_crafted_tag_soup_answers_fast(server):
+    """A backtracking tag regex took ~2.5 s on "<search>" * 8000 (64K characters) and held the server meanwhile.
+    Over max_action_chars (4096) the action is an invalid action, unparsed; under it the tag search is one pass."""
+    over, under = "<search>" * 8000, "<search>" * 500 + "</search>"
+    replies = check_crafted_actions(server, {"data_idx": 2}, [over, under])
+    assert replies[0]["observation"].startswith("Invalid action: the action is 64000 characters long, over the 4096")
+    assert replies[1]["observation"].startswith("<information>")  # the leftmost pair: a query of 499 open tags
+    assert all(r["reward"] == 0 and r["done"] is False for r in replies)

@@ -1,10 +1,12 @@
 """The TextCraft server, run for real from .venvs/textcraft: goals by data_idx, crafting-plan expert, sessions."""
 
 import re
+import subprocess
 
 import pytest
 
-from tests.env_server_proc import EnvServerProcess, check_no_cross_talk, expert_episode, require_venv, server_fixture
+from tests.env_server_proc import (ROOT, EnvServerProcess, check_crafted_actions, check_no_cross_talk,
+                                   expert_episode, require_venv, server_fixture, venv_python)
 
 pytestmark = pytest.mark.timeout(120)
 server = server_fixture("textcraft")
@@ -69,3 +71,38 @@ def test_item_splits_cover_the_goals_once(server):
     splits = {s: server.ok("GET", f"/items?split={s}")["item_ids"] for s in ("train", "dev", "test")}
     ids = splits["train"] + splits["dev"] + splits["test"]
     assert sorted(ids) == list(range(419)) and len(splits["test"]) == 60
+
+
+def test_crafted_long_actions_answer_fast_as_invalid_actions(server):
+    """A backtracking command regex took 1.3 s on the first action at 32K characters (quadratic: ~5 s at 64K) and
+    held the server meanwhile. Now: over max_action_chars (1024) is an invalid action, unparsed; under it the
+    command check is one pass."""
+    over = ["craft x" + " using y" * 8000 + "\nz", "craft x using " + "y using " * 8000, "get 1 " + "1 " * 32000]
+    under = "craft x" + " using y" * 126 + "\nz"  # 1017 characters: parsed
+    replies = check_crafted_actions(server, {"data_idx": 3}, [*over, under])
+    for action, reply in zip(over, replies):
+        assert reply["observation"].startswith(f"Invalid action: the action is {len(action)} characters long, "
+                                               "over the 1024 this textcraft server takes")
+        assert reply["reward"] == 0 and reply["done"] is False
+    assert replies[-1]["observation"].startswith("Invalid action: 'craft x using y")
+
+
+def test_command_check_agrees_with_the_grammar():
+    """is_command against the grammar it replaced, written as a regex (slow on crafted text, exact on short)."""
+    require_venv("textcraft")
+    script = """
+import random, re
+from env_gateway.servers.textcraft import is_command
+grammar = re.compile(r"^\\s*(get \\d+ \\S.*|craft \\S.* using \\S.*|inventory)\\s*$")
+parts = ["craft ", "get ", " using ", "using", " ", "\\n", "\\t", "\\r", "1", "23", "\\u0663", "x", "oak planks",
+         "inventory", ",", "\\u00a0"]
+rng, accepted = random.Random(0), 0
+for _ in range(50000):
+    a = "".join(rng.choice(parts) for _ in range(rng.randint(1, 7)))
+    assert bool(grammar.match(a)) == is_command(a), repr(a)
+    accepted += is_command(a)
+print(accepted)
+"""
+    out = subprocess.run([venv_python("textcraft"), "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) > 100  # the random texts hit accepted commands too, not only rejections

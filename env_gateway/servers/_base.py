@@ -16,6 +16,12 @@ A subclass of ``EnvServer`` implements the blocking env calls (``new_env``, ``re
 event loop, so one slow step does not stall other sessions; each instance has its own lock, so two
 requests for one instance never interleave. Bad requests get a 4xx JSON ``{"error", "detail"}`` that
 says what to fix; an exception inside the env gets a 500 JSON error naming the env and the cause.
+
+An action the env should never parse is an invalid action, not an error: one longer than the server's
+``max_action_chars`` (no real command of these envs comes near it; a degenerate LLM reply can be a 64K-character
+line, and an env's parser must not spend the server's time on it), or one that is not valid Unicode (a lone
+surrogate, which the Java/C side of some envs cannot take). ``step`` is not called; ``invalid_action`` answers with
+an observation that says why, reward 0, and the episode as it was.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ class EnvServer:
     blocking calls below; everything HTTP (routing, validation, errors, health, shutdown) lives here."""
 
     name: str = "env"
+    max_action_chars: int = 4096  # longer actions are invalid actions, unparsed (see the module docstring)
 
     def __init__(self, max_instances: int = 256, workers: int = 8):
         self.max_instances = max_instances
@@ -108,6 +115,11 @@ class EnvServer:
 
     def observation(self, env: Any) -> str:
         raise NotImplementedError
+
+    def invalid_action(self, env: Any, reason: str) -> dict:
+        """The step result of an action the env does not get to see: no state change, reward 0. Envs whose step
+        results carry more fields (score, the current view, available actions) add them here."""
+        return {"observation": f"Invalid action: {reason}", "reward": 0, "done": False}
 
     def expert_action(self, env: Any) -> str:
         raise RequestError(404, "no_expert", f"the {self.name} server has no expert")
@@ -192,8 +204,20 @@ class EnvServer:
             raise RequestError(400, "bad_action", "'action' must be a string")
         if inst.data_idx is None:
             raise RequestError(409, "not_reset", f"instance {env_id} has not been reset: POST /reset first")
+        action, reason = data["action"], None
+        if len(action) > self.max_action_chars:
+            reason = (f"the action is {len(action)} characters long, over the {self.max_action_chars} this "
+                      f"{self.name} server takes. Answer with one short command.")
+        elif not action.isascii():
+            try:
+                action.encode("utf-8")
+            except UnicodeEncodeError as e:
+                reason = f"the action holds a lone surrogate at position {e.start}, which is not text. Answer in text."
         async with inst.lock:
-            result = await self.run_blocking(self.step, inst.env, data["action"])
+            if reason is None:
+                result = await self.run_blocking(self.step, inst.env, action)
+            else:
+                result = await self.run_blocking(self.invalid_action, inst.env, reason)
         return web.json_response(result)
 
     async def handle_observation(self, request: web.Request) -> web.Response:

@@ -94,6 +94,7 @@ class Session:
 
 class AlfWorldServer(EnvServer):
     name = "alfworld"
+    max_action_chars = 1024
 
     def __init__(self, max_instances: int = 256, workers: int = 8, games: str | None = None,
                  test_split: str = "valid_unseen", max_steps: int = 50):
@@ -169,6 +170,10 @@ class AlfWorldServer(EnvServer):
         return {"observation": self.observation(session), "reward": float(won),
                 "available_actions": session.state["admissible_commands"],
                 "done": won or (self.max_steps > 0 and session.steps >= self.max_steps)}
+
+    def invalid_action(self, session: Session, reason: str) -> dict:
+        return {"observation": f"Invalid action: {reason}", "reward": 0.0,
+                "available_actions": session.state["admissible_commands"], "done": False}
 
     def observation(self, session: Session) -> str:
         if session.state is None:

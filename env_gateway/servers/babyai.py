@@ -80,6 +80,7 @@ class Episode:
 
 class BabyAIServer(EnvServer):
     name = "babyai"
+    max_action_chars = 256  # the longest action ("pick up the purple ball 2" and the like) is ~30 characters
 
     def new_env(self) -> Episode:
         return Episode()
@@ -206,6 +207,10 @@ class BabyAIServer(EnvServer):
         if ep.env is None:
             raise RequestError(409, "not_reset", "this instance has not been reset: POST /reset first")
         return f"Your goal: {ep.mission}\n{self._view(ep)}"
+
+    def invalid_action(self, ep: Episode, reason: str) -> dict:
+        view = "" if ep.done else f"\n{self._view(ep)}"
+        return {"observation": f"Invalid action: {reason}{view}", "reward": 0.0, "score": ep.score, "done": ep.done}
 
     def step(self, ep: Episode, action: str) -> dict:
         text = action.strip().strip(".").lower()

