@@ -43,6 +43,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from env_gateway.http1 import Http1Pool, HttpError
+from env_gateway.servers._base import short
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,13 @@ class Adapter:
     def item(self, item_id: Any) -> Any:
         """Validate the caller's item id for this protocol; AgentGym items are integers."""
         if isinstance(item_id, bool) or not isinstance(item_id, (int, str)):
-            raise BadItem(f"item_id must be an integer (or a string of digits), got {item_id!r}")
+            raise BadItem(f"item_id must be an integer (or a string of digits), got {short(item_id)}")
         try:
             value = int(item_id)
         except ValueError:
-            raise BadItem(f"item_id must be an integer (or a string of digits) for {self.name}, got {item_id!r}")
+            raise BadItem(f"item_id must be an integer (or a string of digits) for {self.name}, got {short(item_id)}")
         if value < 0:
-            raise BadItem(f"item_id must be >= 0, got {value}")
+            raise BadItem(f"item_id must be >= 0, got {short(value)}")
         return value
 
     def action(self, action: Any) -> Any:
@@ -260,7 +261,7 @@ class Tau2Adapter(WebShopAdapter):
 
     def item(self, item_id: Any) -> Any:
         if isinstance(item_id, bool) or not isinstance(item_id, (int, str)) or item_id == "":
-            raise BadItem(f"item_id must be a non-empty task id string (or an integer), got {item_id!r}")
+            raise BadItem(f"item_id must be a non-empty task id string (or an integer), got {short(item_id)}")
         return item_id
 
 
@@ -282,7 +283,7 @@ class AppWorldAdapter(Adapter):
 
     def item(self, item_id: Any) -> Any:
         if isinstance(item_id, bool) or not isinstance(item_id, (int, str)) or item_id == "":
-            raise BadItem(f"item_id must be an AppWorld task id such as '82e2fac_1', got {item_id!r}")
+            raise BadItem(f"item_id must be an AppWorld task id such as '82e2fac_1', got {short(item_id)}")
         return str(item_id)
 
     async def open(self, url: str, item_id: Any, seed: int | None) -> tuple[Any, Any, dict]:

@@ -41,6 +41,7 @@ from aiohttp import web
 
 from env_gateway.adapters import Adapter, BackendError, BadItem, load_adapter
 from env_gateway.config import EnvConfig, GatewayConfig
+from env_gateway.servers._base import non_finite, short
 from env_gateway.http1 import Http1Pool
 from env_gateway.metrics import GatewayMetrics
 
@@ -227,10 +228,16 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(413, "body_too_large", f"request body over {self.config.max_body} bytes: send less, or "
                                                   "raise the gateway's --max-body") from None
+        except ConnectionResetError:  # the client went away mid-body: its mistake, not ours (no one reads this)
+            raise ApiError(400, "client_disconnected", "the client closed the connection before the body "
+                                                       "ended") from None
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_constant=non_finite)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, "bad_json", f"the body is not valid JSON ({e}); send a JSON object") from None
+        except RecursionError:
+            raise ApiError(400, "bad_json", "the body nests arrays/objects deeper than the JSON parser takes; send a "
+                                            "flat JSON object") from None
         if not isinstance(data, dict):
             raise ApiError(400, "bad_json", f"the body must be a JSON object, got {type(data).__name__}")
         return data
@@ -265,7 +272,7 @@ class Gateway:
         if sid in self.gone:
             raise ApiError(410, "session_gone", f"session {sid} is {self.gone[sid]}; open a new one with POST "
                                                 "/v1/sessions")
-        raise ApiError(404, "unknown_session", f"no session {sid!r}: open one with POST /v1/sessions")
+        raise ApiError(404, "unknown_session", f"no session {short(sid)}: open one with POST /v1/sessions")
 
     def end_session(self, session: Session, reason: str) -> None:
         if self.sessions.pop(session.id, None) is not None:
@@ -302,7 +309,7 @@ class Gateway:
                                                      "\"item_id\": 3}")
         pool = self.pools.get(body["env"]) if isinstance(body["env"], str) else None
         if pool is None:
-            raise ApiError(404, "unknown_env", f"no environment {body['env']!r} behind this gateway; known: "
+            raise ApiError(404, "unknown_env", f"no environment {short(body['env'])} behind this gateway; known: "
                                                f"{', '.join(sorted(self.pools))}")
         env = request[ENV] = pool.name
         try:
@@ -311,7 +318,7 @@ class Gateway:
             raise ApiError(400, "bad_item_id", f"{env}: {e}") from None
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ApiError(400, "bad_seed", f"'seed' must be an integer or absent, got {seed!r}")
+            raise ApiError(400, "bad_seed", f"'seed' must be an integer or absent, got {short(seed)}")
         if len(self.sessions) + self.opening >= self.config.max_sessions:
             raise ApiError(503, "too_many_sessions", f"the gateway holds its maximum of {self.config.max_sessions} "
                                                      "open sessions (--max-sessions): close finished sessions, or "
@@ -332,7 +339,7 @@ class Gateway:
             replica = pool.pick(tried)
             if replica is None:
                 if failures and all(status == 409 for status, _ in failures):  # busy, not broken: come back later
-                    raise ApiError(503, "replicas_busy", f"no {env} replica can take item {item_id!r} now: "
+                    raise ApiError(503, "replicas_busy", f"no {env} replica can take item {short(item_id)} now: "
                                                          + "; ".join(f for _, f in failures), retry_after=1)
                 if failures:
                     raise ApiError(502, "backend_failed", f"could not open a {env} session on any replica: "
@@ -358,7 +365,7 @@ class Gateway:
                 if not e.retryable:
                     if e.status is not None and 400 <= e.status < 500:
                         raise ApiError(422, "backend_rejected", f"the {env} backend {e.url} rejected item_id "
-                                                                f"{item_id!r}: {e.cause}", backend=e.url) from None
+                                                                f"{short(item_id)}: {e.cause}", backend=e.url) from None
                     raise ApiError(502, "backend_failed", f"{env}: {e}", backend=e.url) from None
                 failures.append((e.status, str(e)))
                 self.metrics.retries.labels(env).inc()

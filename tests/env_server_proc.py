@@ -36,11 +36,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def call(base_url: str, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, Any]:
-    """One JSON request; returns (status, decoded body). HTTP errors are returned, not raised."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base_url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+def call(base_url: str, method: str, path: str, body: dict | bytes | None = None, timeout: float = 30.0,
+         content_type: str = "application/json") -> tuple[int, Any]:
+    """One JSON request (``bytes`` are sent as they are); returns (status, decoded body). HTTP errors are returned,
+    not raised."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base_url + path, data=data, method=method, headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -110,8 +111,9 @@ class EnvServerProcess:
     def output(self) -> str:
         return log_tail(self.log)
 
-    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, Any]:
-        return call(self.url, method, path, body, timeout)
+    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float = 30.0,
+             content_type: str = "application/json") -> tuple[int, Any]:
+        return call(self.url, method, path, body, timeout, content_type)
 
     def ok(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
         """A request that must succeed: raises with the server's error body otherwise."""

@@ -303,6 +303,11 @@ def test_max_sessions():
     ("POST", "/v1/sessions/{sid}/step", b'{"action": "go \\ud800"}', 400, "bad_action", "lone surrogate"),
     ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 1, "pad": "' + b"x" * 300_000 + b'"}', 413,
      "body_too_large", "--max-body"),
+    ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": ' + b"[" * 40_000 + b"]" * 40_000 + b"}", 400,
+     "bad_json", "deeper"),  # was: 500 (RecursionError)
+    ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 1, "seed": Infinity}', 400, "bad_json", "finite"),
+    ("POST", "/v1/sessions", b'{"env": "' + b"b" * 90_000 + b'", "item_id": 1}', 404, "unknown_env",
+     "(90002 characters)"),  # was: the 90 KB name echoed back
     ("GET", "/v2/whatever", None, 404, "not_found", "the API is"),
     ("PUT", "/v1/sessions", b"{}", 405, "method_not_allowed", "the API is"),
 ])
@@ -317,6 +322,27 @@ def test_bad_input_gets_a_helpful_4xx(method, path, body, status, error, hint):
                 assert hint in answer["detail"], answer
                 r = await client.step(opened.session_id, expected_action(1, 0))  # the gateway is unharmed
                 assert r.observation.startswith("item 1 step 1")
+    run(main())
+
+
+def test_a_client_gone_mid_body_is_not_an_internal_error():
+    async def main():
+        async with running("agentgym") as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
+            host, port = url.removeprefix("http://").split(":")
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"env\": ")
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.close()
+            errors: dict = {}
+            deadline = time.monotonic() + 10
+            while not errors and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                errors = {s.labels["error"]: s.value
+                          for f in text_string_to_metric_families(gw.metrics.render().decode())
+                          for s in f.samples if s.name == "cope_gateway_errors_total"}
+            assert errors == {"client_disconnected": 1.0}  # was: {"internal": 1.0}, with a traceback in the log
     run(main())
 
 

@@ -72,6 +72,34 @@ def test_overlong_and_non_text_actions_are_invalid_actions_that_change_nothing(s
     assert all(r["reward"] == 0 and r["score"] == 0 and r["done"] is False for r in replies)
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("path, body, content_type, error", [
+    ("/step", b'{"id": true, "action": "turn left"}', None, "bad_id"),  # was: instance 1
+    ("/step", b'{"id": {id}.9, "action": "turn left"}', None, "bad_id"),  # was: this instance
+    ("/step", b'{"id": Infinity, "action": "turn left"}', None, "bad_json"),  # was: 500 (OverflowError)
+    ("/reset", b'{"id": {id}, "data_idx": Infinity}', None, "bad_json"),  # was: 500
+    ("/reset", b'{"id": {id}, "data_idx": 1.5}', None, "bad_data_idx"),  # was: item 1
+    ("/step", b'{"id": {id}, "action": ' + DEEP + b"}", None, "bad_json"),  # was: 500 (RecursionError)
+    ("/step", b'{"id": "' + b"7" * 200_000 + b'x", "action": "turn left"}', None, "bad_id"),  # was: echoed whole
+    ("/step", b'{"id": {id}, "action": "turn left"}', "application/json; charset=klingon", None),  # was: 500
+], ids=["id-true", "id-float", "id-infinity", "data_idx-infinity", "data_idx-float", "deep-json", "huge-id",
+        "unknown-charset"])
+def test_bad_json_and_loose_types_are_4xx_with_short_answers(server, path, body, content_type, error):
+    env_id = server.ok("POST", "/create")["id"]
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 1})
+    status, answer = server.call("POST", path, body.replace(b"{id}", str(env_id).encode()),
+                                 content_type=content_type or "application/json")
+    if error is None:
+        assert status == 200 and answer["observation"], answer
+    else:
+        assert (status, answer["error"]) == (400, error), answer
+        assert len(answer["detail"]) < 300
+    assert server.ok("POST", "/step", {"id": env_id, "action": "turn left"})["reward"] == 0  # the server is fine
+    server.ok("POST", "/close", {"id": env_id})
+
+
 def test_fifty_concurrent_sessions_follow_their_own_items(server):
     check_no_cross_talk(server, list(range(50)), steps=3)
 

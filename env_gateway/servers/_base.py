@@ -48,12 +48,26 @@ class RequestError(Exception):
         self.status, self.error, self.detail = status, error, detail
 
 
+def non_finite(name: str) -> None:
+    """json.loads' hook for NaN / Infinity / -Infinity, which standard JSON does not have: refuse them (the gateway
+    uses it too)."""
+    raise ValueError(f"{name} is not a JSON number: send finite numbers")
+
+
 async def json_body(request: web.Request, *required: str) -> dict:
-    """The request's JSON object, with the required fields present; else a 400 that says what to fix."""
+    """The request's JSON object, with the required fields present; else a 400 that says what to fix. The body is
+    read as bytes (JSON is UTF-8/16/32 by its own first bytes), so a Content-Type charset Python does not know
+    cannot fail the request; NaN/Infinity and nesting past the parser's depth are 400s."""
     try:
-        data = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        data = None
+        data = json.loads(await request.read(), parse_constant=non_finite)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, "bad_json", f"the request body must be a JSON object ({e})") from None
+    except RecursionError:
+        raise RequestError(400, "bad_json", "the request body nests deeper than the JSON parser takes: send a flat "
+                                            "JSON object") from None
+    except ConnectionResetError:
+        raise RequestError(400, "client_disconnected", "the client closed the connection before the body "
+                                                       "ended") from None
     if not isinstance(data, dict):
         raise RequestError(400, "bad_json", "the request body must be a JSON object")
     missing = [k for k in required if k not in data]
@@ -81,6 +95,12 @@ def json_errors(env_name: str) -> Callable:
                                      status=500)
 
     return errors
+
+
+def short(value: Any) -> str:
+    """``value``'s repr, cut to 60 characters: an error answer never echoes a large input back."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
 
 
 @dataclass
@@ -152,10 +172,10 @@ class EnvServer:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def instance(self, raw_id: Any) -> tuple[int, Instance]:
-        try:
-            env_id = int(raw_id)
-        except (TypeError, ValueError):
-            raise RequestError(400, "bad_id", f"'id' must be an integer from /create, got {raw_id!r}")
+        # an int, or digits (query strings); not true, 1.9 or "1e3", which int() would take as some other instance
+        if not (type(raw_id) is int or (isinstance(raw_id, str) and raw_id.isascii() and raw_id.isdigit())):
+            raise RequestError(400, "bad_id", f"'id' must be an integer from /create, got {short(raw_id)}")
+        env_id = int(raw_id)
         if env_id not in self.instances:
             raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: create one with POST /create")
         return env_id, self.instances[env_id]
@@ -185,10 +205,10 @@ class EnvServer:
         if "data_idx" not in data:
             raise RequestError(400, "missing_field", "required field(s) missing: data_idx")
         env_id, inst = self.instance(data["id"])
-        try:
-            data_idx = int(data["data_idx"])
-        except (TypeError, ValueError):
-            raise RequestError(400, "bad_data_idx", f"'data_idx' must be an integer, got {data['data_idx']!r}")
+        data_idx = data["data_idx"]
+        if not (type(data_idx) is int or (isinstance(data_idx, str) and data_idx.isascii() and data_idx.isdigit())):
+            raise RequestError(400, "bad_data_idx", f"'data_idx' must be an integer, got {short(data_idx)}")
+        data_idx = int(data_idx)
         n = self.num_items()
         if data_idx < 0 or (n is not None and data_idx >= n):
             raise RequestError(400, "bad_data_idx", f"'data_idx' {data_idx} is out of range [0, {n})")
