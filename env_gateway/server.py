@@ -3,6 +3,7 @@
     POST   /v1/sessions            {env, item_id, seed?} -> {session_id, observation, info, backend}
     POST   /v1/sessions/{id}/step  {action}              -> {observation, reward, done, info}
     DELETE /v1/sessions/{id}                             -> {session_id, closed, backend_closed[, detail]}
+                                                            (backend_closed false: the gateway retries the close)
     GET    /v1/envs     GET /v1/health (503 when an env has no healthy replica)     GET /metrics
 
 Contract:
@@ -12,7 +13,9 @@ Contract:
   FIFO queue for at most ``queue_timeout`` seconds (and at most ``max_queue`` of them), else 503 with
   ``Retry-After``; a step that got a 503 was never sent, so retrying it is safe.
 - Deadlines: every backend call has ``request_timeout``; a session idle for ``session_ttl`` is closed on
-  its backend and later requests for it get 410; at most ``max_sessions`` sessions are open.
+  its backend and later requests for it get 410; at most ``max_sessions`` sessions are open. A backend close
+  that cannot run now (replica busy, a failure that may pass) is retried in the background until it runs, the
+  backend answers 4xx, or the replica is declared down (then the env server's own idle TTL reaps the instance).
 - Failures: a create/reset that fails at the connection, times out or gets a 5xx is retried on another
   healthy replica; when every replica refuses it as busy (409: e.g. AppWorld holds one world per task id) the
   caller gets 503 with ``Retry-After``. A failed step is not retried (a step is not idempotent): the session is ended (410
@@ -281,24 +284,38 @@ class Gateway:
             if len(self.gone) > GONE_MEMORY:
                 self.gone.popitem(last=False)
 
-    async def close_on_backend(self, session: Session, request: web.Request | None = None) -> tuple[bool, str]:
+    async def close_on_backend(self, session: Session, request: web.Request | None = None
+                               ) -> tuple[bool, str, bool]:
+        """One try: (closed, why not, worth retrying: the replica was busy or failed in a way that may pass)."""
         replica, env = session.replica, session.pool.name
         try:
             await self.acquire(replica, request, env)
         except ApiError as e:
-            log.warning("closing %s session %s on %s skipped: %s", env, session.id, replica.url, e.detail)
-            return False, e.detail
+            log.warning("closing %s session %s on %s deferred: %s", env, session.id, replica.url, e.detail)
+            return False, e.detail, True
         t0 = time.perf_counter()
         try:
             await session.pool.adapter.close(replica.url, session.handle)
-            return True, ""
+            return True, "", False
         except BackendError as e:
             log.warning("closing %s session %s: %s", env, session.id, e)
-            return False, str(e)
+            return False, str(e), e.retryable
         finally:
             replica.slots.release()
             if request is not None:
                 request[BACKEND_S] += time.perf_counter() - t0
+
+    async def close_in_background(self, session: Session) -> None:
+        """Close ``session``'s backend instance, retrying (every 0.5 s, doubling to 10 s) until it is closed, the
+        backend says it cannot be (a 4xx: e.g. already gone), or the replica is declared down (the env server's
+        own --instance-ttl reaps the instance then). A backend instance is never left open for want of a retry."""
+        delay = 0.5
+        while True:
+            closed, _, retry = await self.close_on_backend(session)
+            if closed or not retry or not session.replica.healthy:
+                return
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 10.0)
 
     # ---- handlers ------------------------------------------------------------------------------
     async def create_session(self, request: web.Request) -> web.Response:
@@ -409,7 +426,7 @@ class Gateway:
                 if e.status is None and not e.timed_out:
                     self.mark_down(replica, e.cause)
                 else:  # the backend is up: release the instance there
-                    self._background(self.close_on_backend(session))
+                    self._background(self.close_in_background(session))
                 raise ApiError(504 if e.timed_out else 502, "backend_timeout" if e.timed_out else "backend_failed",
                                f"{env} step failed on backend {e.url}: {e.cause}. The session is ended: finish this "
                                "episode (e.g. with reward 0) and open a new session.", backend=e.url) from None
@@ -427,8 +444,12 @@ class Gateway:
         session = self.live_session(request.match_info["session_id"])
         request[ENV] = session.pool.name
         self.end_session(session, "closed by the client")
-        ok, detail = await self.close_on_backend(session, request)
+        ok, detail, retry = await self.close_on_backend(session, request)
         body = {"session_id": session.id, "closed": True, "backend_closed": ok}
+        if retry:
+            self._background(self.close_in_background(session))
+            detail = ("the backend could not take the close now (busy, or a failure that may pass); the gateway keeps "
+                      "closing the instance there in the background: nothing to do")
         if detail:
             body["detail"] = detail
         return web.json_response(body)
@@ -474,4 +495,4 @@ class Gateway:
             for s in [s for s in self.sessions.values() if not s.busy and now - s.last_used > ttl]:
                 self.end_session(s, f"expired: idle for more than {ttl:g}s (--session-ttl), and closed on the backend")
                 self.metrics.reaped.labels(s.pool.name).inc()
-                self._background(self.close_on_backend(s))
+                self._background(self.close_in_background(s))

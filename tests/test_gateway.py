@@ -325,6 +325,25 @@ def test_bad_input_gets_a_helpful_4xx(method, path, body, status, error, hint):
     run(main())
 
 
+def test_a_close_that_meets_a_busy_replica_is_retried_until_the_backend_has_it():
+    """The replica's one slot is held by a 0.5 s step and the close may queue 0.1 s: it cannot run now. It used to
+    answer backend_closed false, "retry later", and a retry got 410, so the instance stayed open for good."""
+    async def main():
+        async with running("agentgym", delay=0.5) as (backend, burl), \
+                gateway({"babyai": [burl]}, max_concurrency=1, queue_timeout=0.1) as (gw, url):
+            async with GatewayClient(url) as client:
+                a, b = await client.create("babyai", 1), await client.create("babyai", 2)
+                handle = gw.sessions[b.session_id].handle
+                step = asyncio.ensure_future(client.step(a.session_id, expected_action(1, 0)))
+                await until(lambda: gw.sessions[a.session_id].busy)
+                got, answer, _ = await raw(url, "DELETE", f"/v1/sessions/{b.session_id}")
+                assert got == 200 and answer["backend_closed"] is False and "nothing to do" in answer["detail"]
+                await step
+                await until(lambda: backend.counts["close"] == 1, timeout=5)
+                assert handle["id"] not in backend.instances and a.session_id in gw.sessions
+    run(main())
+
+
 def test_a_client_gone_mid_body_is_not_an_internal_error():
     async def main():
         async with running("agentgym") as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):

@@ -1,6 +1,7 @@
 """The BabyAI server, run for real from .venvs/babyai: text view, high-level actions, bot expert, sessions."""
 
 import json
+import time
 
 import pytest
 
@@ -98,6 +99,25 @@ def test_bad_json_and_loose_types_are_4xx_with_short_answers(server, path, body,
         assert len(answer["detail"]) < 300
     assert server.ok("POST", "/step", {"id": env_id, "action": "turn left"})["reward"] == 0  # the server is fine
     server.ok("POST", "/close", {"id": env_id})
+
+
+def test_instances_untouched_past_the_ttl_are_closed_by_the_server():
+    """A client that dies (a SIGKILLed gateway) used to leave its instances open for good, counting against
+    --max-instances. Here: two idle instances are reaped after --instance-ttl 1; one in use is kept."""
+    require_venv("babyai")
+    with EnvServerProcess("babyai", "--instance-ttl", "1") as proc:
+        idle = [proc.ok("POST", "/create")["id"] for _ in range(2)]
+        busy = proc.ok("POST", "/create")["id"]
+        proc.ok("POST", "/reset", {"id": busy, "data_idx": 1})
+        for _ in range(10):  # 2.5 s, touching one instance every 0.25 s
+            proc.ok("POST", "/step", {"id": busy, "action": "turn left"})
+            time.sleep(0.25)
+        assert proc.ok("GET", "/")["instances"] == 1
+        status, answer = proc.call("POST", "/reset", {"id": idle[0], "data_idx": 1})
+        assert status == 404 and "untouched for 1s" in answer["detail"]
+        assert proc.ok("POST", "/close", {"id": busy}) == {"closed": busy}
+        assert proc.call("GET", "/")[1]["instances"] == 0
+    assert "closing instance 0, untouched for" in proc.output()
 
 
 def test_fifty_concurrent_sessions_follow_their_own_items(server):

@@ -22,6 +22,10 @@ An action the env should never parse is an invalid action, not an error: one lon
 line, and an env's parser must not spend the server's time on it), or one that is not valid Unicode (a lone
 surrogate, which the Java/C side of some envs cannot take). ``step`` is not called; ``invalid_action`` answers with
 an observation that says why, reward 0, and the episode as it was.
+
+An instance no request has touched for ``--instance-ttl`` seconds (default an hour, well above the gateway's
+15-minute session TTL) is closed by the server itself, so a client that dies (a killed gateway) leaks nothing for
+long; requests for it then get 404.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import asyncio
 import itertools
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -108,6 +113,7 @@ class Instance:
     env: Any
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     data_idx: int | None = None
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class EnvServer:
@@ -116,6 +122,7 @@ class EnvServer:
 
     name: str = "env"
     max_action_chars: int = 4096  # longer actions are invalid actions, unparsed (see the module docstring)
+    instance_ttl: float = 3600.0  # seconds untouched before the server closes an instance (--instance-ttl)
 
     def __init__(self, max_instances: int = 256, workers: int = 8):
         self.max_instances = max_instances
@@ -177,8 +184,11 @@ class EnvServer:
             raise RequestError(400, "bad_id", f"'id' must be an integer from /create, got {short(raw_id)}")
         env_id = int(raw_id)
         if env_id not in self.instances:
-            raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: create one with POST /create")
-        return env_id, self.instances[env_id]
+            raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: create one with POST /create "
+                                                  f"(instances untouched for {self.instance_ttl:g}s are closed)")
+        inst = self.instances[env_id]
+        inst.last_used = time.monotonic()
+        return env_id, inst
 
     def reset_instance(self, raw_id: Any) -> tuple[int, Instance]:
         """``instance``, and 409 unless it has been reset (the expert and the like need an episode)."""
@@ -278,10 +288,29 @@ class EnvServer:
             web.post("/close", self.handle_close),
             *self.extra_routes(),
         ])
+        app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._shutdown)
         return app
 
+    async def _start_reaper(self, app: web.Application) -> None:
+        self._reaper = asyncio.ensure_future(self._reap_idle())
+
+    async def _reap_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.instance_ttl / 4, 30.0))
+            now = time.monotonic()
+            for env_id, inst in list(self.instances.items()):
+                if now - inst.last_used > self.instance_ttl and not inst.lock.locked():
+                    self.instances.pop(env_id, None)
+                    log.info("%s: closing instance %s, untouched for %.0fs (--instance-ttl)", self.name, env_id,
+                             now - inst.last_used)
+                    try:
+                        await self.run_blocking(self.close_env, inst.env)
+                    except Exception:
+                        log.exception("%s: closing idle instance %s failed", self.name, env_id)
+
     async def _shutdown(self, app: web.Application) -> None:
+        self._reaper.cancel()
         for env_id, inst in list(self.instances.items()):
             try:
                 await self.run_blocking(self.close_env, inst.env)
@@ -299,12 +328,18 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-instances", type=int, default=256)
     parser.add_argument("--workers", type=int, default=8, help="threads that run blocking env calls")
+    parser.add_argument("--instance-ttl", type=float, default=server_cls.instance_ttl,
+                        help="seconds an instance may go untouched before the server closes it (keep it above the "
+                             "gateway's --session-ttl)")
     parser.add_argument("--log-level", default="INFO")
     server_cls.add_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "log_level")}
+    if args.instance_ttl <= 0:
+        parser.error(f"--instance-ttl must be > 0 seconds, got {args.instance_ttl}")
+    extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "log_level", "instance_ttl")}
     server = server_cls(**extra)
+    server.instance_ttl = args.instance_ttl
     # run_app turns SIGINT and SIGTERM into a graceful shutdown, which closes every instance.
     web.run_app(server.app(), host=args.host, port=args.port, print=lambda *_: log.info(
         "%s server listening on http://%s:%d", server_cls.name, args.host, args.port))
