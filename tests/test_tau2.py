@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import time
 
+import aiohttp
 import pytest
 
 from env_gateway.servers.tau2 import STOP_TOOL, Tau2Server, ToolCall, parse_hermes, read_key, shape_reward
@@ -190,11 +192,64 @@ def test_bad_item_ids_get_a_clear_400():
     assert status == 400 and "'<domain>/<task_id>'" in body["detail"] and "retail" in body["detail"]
 
 
+def key_file(folder, text: str, mode: int = 0o600):
+    path = folder / "key"
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_key_files_others_can_read_or_with_two_lines_or_linked_from_elsewhere_are_refused(tmp_path):
+    secrets, elsewhere = tmp_path / ".secrets", tmp_path / "elsewhere"
+    secrets.mkdir(), elsewhere.mkdir()
+    with pytest.raises(SystemExit, match="chmod 600"):  # was: taken silently
+        read_key(key_file(secrets, "sk-1\n", 0o644))
+    with pytest.raises(SystemExit, match="2 lines"):  # was: a key with a newline in it
+        read_key(key_file(secrets, "sk-1\nsk-2\n"))
+    (secrets / "link").symlink_to(key_file(elsewhere, "sk-1\n"))
+    with pytest.raises(SystemExit, match="symlink out of its folder"):  # was: followed
+        read_key(str(secrets / "link"))
+    assert read_key(key_file(secrets, "\n  sk-ok  \n\n")) == "sk-ok"
+
+
+def test_an_exception_that_quotes_the_key_reaches_no_answer_and_no_log(tmp_path, caplog, clean_env):
+    """A stand-in user-simulator library whose error message holds its call's arguments (litellm's do): the key
+    was in the server's 500, its log, and the gateway's 502."""
+    key = read_key(key_file(tmp_path, "sk-stand-in-key-0987654321\n"))
+
+    class LeakyTask(FakeTau2Task):
+        def to_user(self, text: str) -> tuple[str, bool]:
+            raise RuntimeError(f"AuthenticationError: call(model='openai/user', api_key='{key}') was refused")
+
+    async def main():
+        async with serve_app(Tau2Server(LeakyTask).app()) as backend, \
+                inprocess_gateway({"tau2": backend}) as gateway, aiohttp.ClientSession() as http:
+            async with http.post(f"{backend}/create", json={}) as r:
+                idx = await r.json()
+            async with http.post(f"{backend}/reset", json={"env_idx": idx, "session_id": "retail/7"}) as r:
+                assert r.status == 200
+            async with http.post(f"{backend}/step", json={"env_idx": idx, "action": "hello"}) as r:
+                direct = (r.status, await r.text())
+            async with http.post(f"{gateway}/v1/sessions", json={"env": "tau2", "item_id": "retail/7"}) as r:
+                sid = (await r.json())["session_id"]
+            async with http.post(f"{gateway}/v1/sessions/{sid}/step", json={"action": "hello"}) as r:
+                through = (r.status, await r.text())
+            return direct, through
+
+    with caplog.at_level(logging.INFO):
+        direct, through = asyncio.run(main())
+    assert direct[0] == 500 and "AuthenticationError" in direct[1] and "[redacted]" in direct[1]
+    assert through[0] == 502 and "[redacted]" in through[1]
+    assert "Traceback" in caplog.text and "[redacted]" in caplog.text
+    assert key not in direct[1] + through[1] + caplog.text
+
+
 # ---- the real server process: key handling, and the missing package ------------------------------------------
 def test_server_reads_its_key_from_a_file_and_never_shows_it(tmp_path):
     key = "sk-test-not-a-real-key-1234567890"
     key_file = tmp_path / "key"
     key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
     assert read_key(str(key_file)) == key
     with pytest.raises(SystemExit, match="no API key file"):
         read_key(str(tmp_path / "absent"))

@@ -36,6 +36,7 @@ import itertools
 import json
 import logging
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -81,9 +82,21 @@ async def json_body(request: web.Request, *required: str) -> dict:
     return data
 
 
+SECRETS: set[str] = set()  # text that must not leave the process (the τ² server's read_key adds its user key)
+
+
+def redact(text: str) -> str:
+    """``text`` with every one of ``SECRETS`` replaced by [redacted]."""
+    for secret in SECRETS:
+        text = text.replace(secret, "[redacted]")
+    return text
+
+
 def json_errors(env_name: str) -> Callable:
     """Middleware: RequestError -> its 4xx/503 JSON; aiohttp's own 404/405 -> JSON; any other exception (an env
-    failure) -> a 500 JSON naming the env and the cause, logged, and the server keeps serving."""
+    failure) -> a 500 JSON naming the env and the cause (at most 500 characters), logged with its traceback, and the
+    server keeps serving. Answer and log are ``redact``ed: a library's exception may quote the credentials it was
+    called with."""
 
     @web.middleware
     async def errors(request: web.Request, handler: Callable) -> web.StreamResponse:
@@ -95,9 +108,10 @@ def json_errors(env_name: str) -> Callable:
             return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
                                      status=e.status)
         except Exception as e:
-            log.exception("%s: %s %s failed", env_name, request.method, request.path)
-            return web.json_response({"error": "env_failure", "detail": f"{env_name}: {type(e).__name__}: {e}"},
-                                     status=500)
+            log.error("%s: %s %s failed\n%s", env_name, request.method, request.path,
+                      redact("".join(traceback.format_exception(e))).rstrip())
+            cause = redact(f"{type(e).__name__}: {e}")
+            return web.json_response({"error": "env_failure", "detail": f"{env_name}: {cause[:500]}"}, status=500)
 
     return errors
 
