@@ -20,7 +20,7 @@ GC_THRESHOLD = 50_000  # allocations between young-generation collections (Pytho
 # flag -> GatewayConfig field; flags override the config file only where given
 SCALARS = {"host": str, "port": int, "max_sessions": int, "session_ttl": float, "request_timeout": float,
            "queue_timeout": float, "max_concurrency": int, "max_queue": int, "health_interval": float, "max_body": int,
-           "max_action_bytes": int}
+           "max_action_bytes": int, "read_timeout": float}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
              "slot before 503", "max_concurrency": "requests in flight per replica", "max_queue": "queued requests "
              "per replica before immediate 503", "health_interval": "seconds between health checks",
              "max_body": "largest request body in bytes", "max_action_bytes": "largest action in bytes, as "
-             "forwarded to the env server (UTF-8 JSON); a larger one gets 413"}
+             "forwarded to the env server (UTF-8 JSON); a larger one gets 413", "read_timeout": "seconds a client has to "
+             "send a request's headers, and again its body (408), and that an idle connection stays open"}
     for name, typ in SCALARS.items():
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
                        help=f"{helps.get(name, name)} (default {getattr(defaults, name)})")
@@ -103,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     envs = ", ".join(f"{p.name}[{p.adapter_cls.name}]x{len(p.replicas)}" for p in gateway.pools.values())
     # A deep accept backlog: a rollout opens hundreds of connections at once, and SYNs dropped from a
     # short queue come back only after a 1 s retransmit.
+    # keepalive_timeout: aiohttp closes a connection that has not sent a whole request's headers by then (a fresh
+    # one, an idle keep-alive one, or a slow sender); read_json bounds the body.
     web.run_app(app, host=cfg.host, port=cfg.port, loop=loop, access_log=None, backlog=4096,
+                keepalive_timeout=cfg.read_timeout,
                 print=lambda *_: log.info("gateway listening on http://%s:%d (%s)", cfg.host, cfg.port, envs))
 
 

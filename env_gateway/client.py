@@ -112,8 +112,10 @@ class GatewayClient:
             with self._lock:
                 for old in [lp for lp in self._http if lp.is_closed()]:  # loops that ended without aclose()
                     del self._http[old]
+                # Idle connections closed after 5 s, before the gateway's --read-timeout (default 10 s) closes them
+                # under a request about to be sent.
                 http = self._http[loop] = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=60))
+                    connector=aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=5))
         return http
 
     async def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:

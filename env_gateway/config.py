@@ -67,6 +67,8 @@ class GatewayConfig:
     health_interval: float = 5.0
     max_body: int = 1 << 20          # bytes
     max_action_bytes: int = 1 << 16  # an action as forwarded (UTF-8 JSON); env servers take bodies up to 1 MiB
+    read_timeout: float = 10.0       # seconds a client has for a request's headers, again for its body, and an idle
+                                     # keep-alive connection stays open (GatewayClient closes its own after 5 s)
     envs: dict[str, EnvConfig] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -76,7 +78,7 @@ class GatewayConfig:
         for name in ("max_sessions", "max_concurrency", "max_queue", "max_body", "max_action_bytes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("session_ttl", "request_timeout", "queue_timeout", "health_interval"):
+        for name in ("session_ttl", "request_timeout", "queue_timeout", "health_interval", "read_timeout"):
             if float(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         for env in self.envs.values():

@@ -12,7 +12,8 @@ Contract:
 - Admission control: at most ``max_concurrency`` requests in flight per replica. Excess requests wait in a
   FIFO queue for at most ``queue_timeout`` seconds (and at most ``max_queue`` of them), else 503 with
   ``Retry-After``; a step that got a 503 was never sent, so retrying it is safe.
-- Deadlines: every backend call has ``request_timeout``; a session idle for ``session_ttl`` is closed on
+- Deadlines: a client has ``read_timeout`` for a request's headers and again for its body (408), and an idle
+  connection is closed after it; every backend call has ``request_timeout``; a session idle for ``session_ttl`` is closed on
   its backend and later requests for it get 410; at most ``max_sessions`` sessions are open. A backend close
   that cannot run now (replica busy, a failure that may pass) is retried in the background until it runs, the
   backend answers 4xx, or the replica is declared down (then the env server's own idle TTL reaps the instance).
@@ -227,7 +228,10 @@ class Gateway:
 
     async def read_json(self, request: web.Request) -> dict:
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), self.config.read_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(408, "body_timeout", f"the body did not arrive within {self.config.read_timeout:g}s "
+                                                "(--read-timeout); send it at once") from None
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(413, "body_too_large", f"request body over {self.config.max_body} bytes: send less, or "
                                                   "raise the gateway's --max-body") from None

@@ -344,6 +344,22 @@ def test_a_close_that_meets_a_busy_replica_is_retried_until_the_backend_has_it()
     run(main())
 
 
+def test_a_body_that_does_not_arrive_in_time_gets_408():
+    """Slow senders used to hold a connection and a handler for as long as they liked."""
+    async def main():
+        async with running("agentgym") as (backend, burl), gateway({"babyai": [burl]}, read_timeout=0.5) as (gw, url):
+            host, port = url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"env\": ")
+            await writer.drain()
+            t0 = time.monotonic()
+            status_line = await asyncio.wait_for(reader.readline(), 5)
+            assert status_line.startswith(b"HTTP/1.1 408") and 0.4 < time.monotonic() - t0 < 2
+            writer.close()
+    run(main())
+
+
 def test_a_client_gone_mid_body_is_not_an_internal_error():
     async def main():
         async with running("agentgym") as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -198,3 +199,21 @@ def test_gateway_in_front_of_real_builtin_server(name):
                         assert isinstance(r.observation, str) and r.observation.strip() and r.reward == 0
             assert server.ok("GET", "/")["instances"] == 0  # both closed on the backend
         run(main(), timeout=80)
+
+
+def test_connections_that_send_no_whole_request_are_closed_after_read_timeout():
+    """Idle connections, and ones that dribble their headers, were held 75 s (aiohttp's default keep-alive)."""
+    with FakeBackendProcess() as backend:
+        gw = GatewayProcess("--env", f"babyai={backend.url}", "--read-timeout", "1")
+        try:
+            idle = socket.create_connection(("127.0.0.1", gw.port))
+            slow = socket.create_connection(("127.0.0.1", gw.port))
+            slow.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")  # never the blank line that ends them
+            t0 = time.monotonic()
+            for conn in (idle, slow):
+                conn.settimeout(10)
+                assert conn.recv(100) == b""  # closed by the gateway
+                conn.close()
+            assert time.monotonic() - t0 < 3
+        finally:
+            gw.stop()
