@@ -35,6 +35,7 @@ Environment (set by the launcher; read at the start of every episode):
   EPISODE_TIMEOUT_S         an episode's wall-clock budget from its start, seconds (default 900): no env call
                             starts after it or runs past it
   ENV_CALL_TIMEOUT_S        deadline of one gateway call, seconds (default 120)
+  COPE_GATEWAY_TOKEN_FILE   the token file of a gateway started with --auth-token-file (read by GatewayClient)
 """
 
 from __future__ import annotations

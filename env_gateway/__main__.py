@@ -20,7 +20,7 @@ GC_THRESHOLD = 50_000  # allocations between young-generation collections (Pytho
 # flag -> GatewayConfig field; flags override the config file only where given
 SCALARS = {"host": str, "port": int, "max_sessions": int, "session_ttl": float, "request_timeout": float,
            "queue_timeout": float, "max_concurrency": int, "max_queue": int, "health_interval": float, "max_body": int,
-           "max_action_bytes": int, "read_timeout": float}
+           "max_action_bytes": int, "read_timeout": float, "auth_token_file": str}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
              "per replica before immediate 503", "health_interval": "seconds between health checks",
              "max_body": "largest request body in bytes", "max_action_bytes": "largest action in bytes, as "
              "forwarded to the env server (UTF-8 JSON); a larger one gets 413", "read_timeout": "seconds a client has to "
-             "send a request's headers, and again its body (408), and that an idle connection stays open"}
+             "send a request's headers, and again its body (408), and that an idle connection stays open",
+             "auth_token_file": "file (in .secrets/, mode 600, one line) with a token that /v1/sessions requests must "
+             "carry as 'Authorization: Bearer TOKEN' (clients: COPE_GATEWAY_TOKEN_FILE); for a gateway other hosts "
+             "can reach"}
     for name, typ in SCALARS.items():
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
                        help=f"{helps.get(name, name)} (default {getattr(defaults, name)})")

@@ -9,7 +9,9 @@
 Transport: one ``aiohttp.ClientSession`` per event loop (a session is bound to the loop it was made in, and
 a client object may be shared by threads that each run a loop), keep-alive, at most ``limit`` connections;
 ``await client.aclose()`` in a loop before that loop ends (aiohttp warns about sessions left open).
-Every call has a deadline (``timeout``, overridable per call). A 503 from the gateway (queue full, no healthy
+A gateway started with ``--auth-token-file`` gets its token in every request (``token_file=``, default
+``$COPE_GATEWAY_TOKEN_FILE``: a mode-600 file in .secrets/). Every call has a deadline (``timeout``, overridable
+per call). A 503 from the gateway (queue full, no healthy
 replica, too many sessions) means nothing reached the backend, so the call waits ``Retry-After`` and tries
 again until its deadline, then raises ``Overloaded``.
 
@@ -31,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import aiohttp
+
+from env_gateway.servers._base import read_secret_file
 
 log = logging.getLogger("env_gateway.client")
 DEFAULT_URL = "http://127.0.0.1:8800"
@@ -96,8 +100,12 @@ def _error_for(status: int, body: Any, retry_after: str | None) -> GatewayError:
 
 class GatewayClient:
     def __init__(self, base_url: str | None = None, *, timeout: float = 120.0,
-                 connect_timeout: float = 10.0, limit: int = 1024, retry_overloaded: bool = True):
+                 connect_timeout: float = 10.0, limit: int = 1024, retry_overloaded: bool = True,
+                 token_file: str | None = None):
         self.base_url = (base_url or os.environ.get("COPE_GATEWAY_URL", DEFAULT_URL)).rstrip("/")
+        # the gateway's --auth-token-file token, when it has one (default: $COPE_GATEWAY_TOKEN_FILE)
+        token_file = token_file or os.environ.get("COPE_GATEWAY_TOKEN_FILE") or None
+        self.headers = {"Authorization": f"Bearer {read_secret_file(token_file)}"} if token_file else {}
         self.timeout, self.connect_timeout, self.limit = timeout, connect_timeout, limit
         self.retry_overloaded = retry_overloaded
         self._http: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
@@ -115,7 +123,7 @@ class GatewayClient:
                 # Idle connections closed after 5 s, before the gateway's --read-timeout (default 10 s) closes them
                 # under a request about to be sent.
                 http = self._http[loop] = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=5))
+                    headers=self.headers, connector=aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=5))
         return http
 
     async def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:

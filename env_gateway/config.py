@@ -67,6 +67,7 @@ class GatewayConfig:
     health_interval: float = 5.0
     max_body: int = 1 << 20          # bytes
     max_action_bytes: int = 1 << 16  # an action as forwarded (UTF-8 JSON); env servers take bodies up to 1 MiB
+    auth_token_file: str | None = None  # sessions need "Authorization: Bearer <the file's token>" (none: open)
     read_timeout: float = 10.0       # seconds a client has for a request's headers, again for its body, and an idle
                                      # keep-alive connection stays open (GatewayClient closes its own after 5 s)
     envs: dict[str, EnvConfig] = field(default_factory=dict)

@@ -26,6 +26,9 @@ Contract:
 - Actions are forwarded as sent (UTF-8 JSON, no ``\\u`` escapes that would triple non-ASCII text); one larger than
   ``max_action_bytes`` as forwarded gets 413 and one that is not valid Unicode (a lone surrogate) 400, before a
   backend sees it; the session stays open.
+- Access: with ``auth_token_file``, /v1/sessions requests need ``Authorization: Bearer <token>`` (401 otherwise,
+  compared in constant time) and /v1/envs shows backend URLs and pids only to them; health and /metrics stay open.
+  Without it (the default, for a gateway on 127.0.0.1) everything is open.
 - Errors: every error answer is JSON ``{"error": name, "detail": what happened and what to do}``; bad
   input gets a 4xx, never a 500, and nothing waits without a deadline.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import json
 import logging
 import secrets
@@ -44,8 +48,8 @@ from typing import Any
 from aiohttp import web
 
 from env_gateway.adapters import Adapter, BackendError, BadItem, load_adapter
-from env_gateway.config import EnvConfig, GatewayConfig
-from env_gateway.servers._base import non_finite, short
+from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
+from env_gateway.servers._base import non_finite, read_secret_file, short
 from env_gateway.http1 import Http1Pool
 from env_gateway.metrics import GatewayMetrics
 
@@ -54,6 +58,7 @@ log = logging.getLogger("env_gateway")
 API_HELP = ("the API is POST /v1/sessions, POST /v1/sessions/{id}/step, DELETE /v1/sessions/{id}, "
             "GET /v1/envs, GET /v1/health, GET /metrics")
 ENV, BACKEND_S, QUEUE_S = web.RequestKey("env", str), web.RequestKey("backend_s", float), web.RequestKey("queue_s", float)
+AUTHORIZED = web.RequestKey("authorized", bool)
 GONE_MEMORY = 100_000  # ended session ids remembered, so late requests get 410 with the reason, not 404
 
 
@@ -159,6 +164,10 @@ class Gateway:
         self.metrics = GatewayMetrics(self.describe_envs)
         self.http: Http1Pool | None = None
         self._tasks: set[asyncio.Task] = set()
+        try:
+            self.token = read_secret_file(config.auth_token_file).encode() if config.auth_token_file else None
+        except ValueError as e:
+            raise ConfigError(f"--auth-token-file: {e}") from None
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -207,8 +216,14 @@ class Gateway:
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         t0 = time.perf_counter()
         request[ENV], request[BACKEND_S], request[QUEUE_S] = "-", 0.0, 0.0
+        request[AUTHORIZED] = self.token is None or hmac.compare_digest(  # constant time: no guessing by timing
+            request.headers.get("Authorization", "").encode(), b"Bearer " + self.token)
         error = None
         try:
+            if not request[AUTHORIZED] and request.path.startswith("/v1/sessions"):
+                raise ApiError(401, "unauthorized", "this gateway needs 'Authorization: Bearer <token>' with the token "
+                                                    "in its --auth-token-file (GatewayClient and the agent funcs: "
+                                                    "COPE_GATEWAY_TOKEN_FILE)")
             resp = await handler(request)
         except ApiError as e:
             resp, error = e.response(), e.error
@@ -464,7 +479,11 @@ class Gateway:
                  "replicas": [r.describe() for r in p.replicas]} for p in self.pools.values()]
 
     async def list_envs(self, request: web.Request) -> web.Response:
-        return web.json_response({"envs": {e.pop("name"): e for e in self.describe_envs()},
+        envs = self.describe_envs()
+        if not request[AUTHORIZED]:  # where the backends run is for the token's holders
+            for env in envs:
+                env["replicas"] = [{k: v for k, v in r.items() if k not in ("url", "pid")} for r in env["replicas"]]
+        return web.json_response({"envs": {e.pop("name"): e for e in envs},
                                   "open_sessions": len(self.sessions), "max_sessions": self.config.max_sessions})
 
     async def health(self, request: web.Request) -> web.Response:

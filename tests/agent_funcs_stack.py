@@ -28,7 +28,8 @@ from tests.env_server_proc import ROOT, call, free_port, log_tail, stop_process
 
 MAIN_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 AGENT_ENV_VARS = ("COPE_GATEWAY_URL", "MAX_TURNS", "HORIZON_SCHEDULE", "HORIZON_STAGE_STEPS",  # what agent funcs read
-                  "COPE_TRAIN_STEP_FILE", "HORIZON_EPISODES_PER_STEP", "EPISODE_TIMEOUT_S", "ENV_CALL_TIMEOUT_S")
+                  "COPE_TRAIN_STEP_FILE", "HORIZON_EPISODES_PER_STEP", "EPISODE_TIMEOUT_S", "ENV_CALL_TIMEOUT_S",
+                  "COPE_GATEWAY_TOKEN_FILE")
 
 
 def load_agent_func(env: str) -> Any:

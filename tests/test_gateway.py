@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from env_gateway.client import (BackendFailed, BadRequest, GatewayClient, GatewayUnavailable, Overloaded,
                                 SessionGone)
-from env_gateway.config import EnvConfig, GatewayConfig
+from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
 from env_gateway.server import Gateway
 from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, free_port, running
 
@@ -342,6 +342,41 @@ def test_a_close_that_meets_a_busy_replica_is_retried_until_the_backend_has_it()
                 await until(lambda: backend.counts["close"] == 1, timeout=5)
                 assert handle["id"] not in backend.instances and a.session_id in gw.sessions
     run(main())
+
+
+def test_with_a_token_file_sessions_need_the_token_and_envs_hide_where_backends_run(tmp_path, monkeypatch):
+    """Without --auth-token-file anyone who could reach the gateway could step or close a session whose id they
+    held, and /v1/envs showed backend URLs and pids."""
+    token_file = tmp_path / "gateway_token"
+    token_file.write_text("tok-0123456789abcdef\n")
+    token_file.chmod(0o600)
+    monkeypatch.delenv("COPE_GATEWAY_TOKEN_FILE", raising=False)
+
+    async def main():
+        async with running("agentgym") as (backend, burl), \
+                gateway({"babyai": [burl]}, auth_token_file=str(token_file)) as (gw, url):
+            create = json.dumps({"env": "babyai", "item_id": 1}).encode()
+            for headers in ({}, {"Authorization": "Bearer tok-0123456789abcdeX"}, {"Authorization": "tok"}):
+                got, answer, _ = await raw(url, "POST", "/v1/sessions", create, headers=headers)
+                assert (got, answer["error"]) == (401, "unauthorized") and "--auth-token-file" in answer["detail"]
+            got, envs, _ = await raw(url, "GET", "/v1/envs")
+            assert got == 200 and envs["envs"]["babyai"]["replicas"][0].keys().isdisjoint({"url", "pid"})
+            assert (await raw(url, "GET", "/v1/health"))[0] == 200
+            async with GatewayClient(url, token_file=str(token_file)) as client:
+                assert (await play(client, "babyai", 5))[0] == 1.0
+                opened = await client.create("babyai", 2)
+                got, answer, _ = await raw(url, "DELETE", f"/v1/sessions/{opened.session_id}")  # holding the id
+                assert got == 401 and opened.session_id in gw.sessions  # is not enough
+            got, envs, _ = await raw(url, "GET", "/v1/envs", headers={"Authorization": "Bearer tok-0123456789abcdef"})
+            assert envs["envs"]["babyai"]["replicas"][0]["url"] == burl
+            monkeypatch.setenv("COPE_GATEWAY_TOKEN_FILE", str(token_file))  # how agent funcs get it
+            async with GatewayClient(url) as client:
+                assert (await play(client, "babyai", 3))[0] == 1.0
+    run(main())
+    token_file.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        Gateway(GatewayConfig(envs={"babyai": EnvConfig("babyai", ["http://127.0.0.1:9"])},
+                              auth_token_file=str(token_file)))
 
 
 def test_a_body_that_does_not_arrive_in_time_gets_408():

@@ -251,7 +251,7 @@ def test_server_reads_its_key_from_a_file_and_never_shows_it(tmp_path):
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
     assert read_key(str(key_file)) == key
-    with pytest.raises(SystemExit, match="no API key file"):
+    with pytest.raises(SystemExit, match="API key file: no file"):
         read_key(str(tmp_path / "absent"))
     port = free_port()
     cmd = [os.path.join(ROOT, ".venv", "bin", "python"), "-m", "env_gateway.servers.tau2", "--port", str(port),

@@ -48,7 +48,7 @@ from typing import Any, Callable, Protocol
 
 from aiohttp import web
 
-from env_gateway.servers._base import SECRETS, RequestError, json_body, json_errors
+from env_gateway.servers._base import RequestError, json_body, json_errors, read_secret_file
 
 log = logging.getLogger("env_gateway.servers.tau2")
 
@@ -340,28 +340,13 @@ class Tau2Server:
 
 
 def read_key(path: str) -> str:
-    """The user simulator's API key: the one line of a file only its owner can read, not a symlink out of its
-    folder. Keys never come from argv; the key joins ``SECRETS``, so no error answer or log line shows it."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"tau2 server: no API key file {path}: write the user simulator's key there (chmod 600; "
-                         "for a local vLLM server any text, e.g. EMPTY), or point --user-key-file at one")
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    if os.path.islink(path) and os.path.dirname(os.path.realpath(path)) != folder:
-        raise SystemExit(f"tau2 server: the API key file {path} is a symlink out of its folder (to "
-                         f"{os.path.realpath(path)}): copy the key into {folder} instead")
-    mode = os.stat(path).st_mode & 0o777
-    if mode & 0o077:
-        raise SystemExit(f"tau2 server: the API key file {path} can be read by others (mode {mode:o}): run "
-                         f"`chmod 600 {path}`")
-    with open(path) as f:
-        lines = [line.strip() for line in f.read().splitlines() if line.strip()]
-    if not lines:
-        raise SystemExit(f"tau2 server: the API key file {path} is empty")
-    if len(lines) > 1:
-        raise SystemExit(f"tau2 server: the API key file {path} has {len(lines)} lines: it must hold the key alone, "
-                         "on one line")
-    SECRETS.add(lines[0])
-    return lines[0]
+    """The user simulator's API key (``read_secret_file``: one line, owner-only, not a symlink out of .secrets/).
+    Keys never come from argv, and no answer or log line shows them."""
+    try:
+        return read_secret_file(path)
+    except ValueError as e:
+        raise SystemExit(f"tau2 server: the user simulator's API key file: {e}. Write the key there (chmod 600; for "
+                         "a local vLLM server any text, e.g. EMPTY), or point --user-key-file at one") from None
 
 
 def main(argv: list[str] | None = None) -> None:

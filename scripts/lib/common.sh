@@ -27,6 +27,8 @@
 #   COPE_GATEWAY_URL=http://127.0.0.1:${GATEWAY_PORT:-8800}   MAX_TURNS=<env default>   EPISODE_TIMEOUT_S  ENV_CALL_TIMEOUT_S
 #   HORIZON_SCHEDULE="6,13,20" (ScalingInter-RL; overrides MAX_TURNS)  HORIZON_STAGE_STEPS=100
 #   HORIZON_EPISODES_PER_STEP (default ROLLOUT_BATCH_SIZE*N_SAMPLES_PER_PROMPT/VLLM_NUM_ENGINES)  COPE_TRAIN_STEP_FILE
+#   COPE_GATEWAY_TOKEN_FILE= the token file of a gateway started with --auth-token-file (e.g. in GATEWAY_ARGS;
+#   a path on every node, mode 600), for a gateway other hosts can reach
 # CoPE (docs/METHOD.md: every variable, its default and range): each variable in COPE_VARS adds
 #   `--cope.<lower-case name> VALUE` only when set. As upstream CoPE's run scripts do, ACTION_FORECAST_ENABLE=1
 #   defaults ACTION_FORECAST_GROUP_NORM and ACTION_FORECAST_SKIP_INVALID to 1 (set them to 0 to turn them off).
@@ -47,7 +49,7 @@ COPE_VARS=(ACTION_FORECAST_ENABLE ACTION_FORECAST_COEF ACTION_FORECAST_K ACTION_
     BRANCH_PACK)
 # What the agent funcs read in the rollout workers; exported locally, put in the runtime env of a Ray job.
 AGENT_VARS=(COPE_GATEWAY_URL MAX_TURNS HORIZON_SCHEDULE HORIZON_STAGE_STEPS HORIZON_EPISODES_PER_STEP
-    COPE_TRAIN_STEP_FILE EPISODE_TIMEOUT_S ENV_CALL_TIMEOUT_S)
+    COPE_TRAIN_STEP_FILE EPISODE_TIMEOUT_S ENV_CALL_TIMEOUT_S COPE_GATEWAY_TOKEN_FILE)
 
 cope_die() {
     echo "error: $*" >&2
