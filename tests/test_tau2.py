@@ -212,6 +212,27 @@ def test_key_files_others_can_read_or_with_two_lines_or_linked_from_elsewhere_ar
     assert read_key(key_file(secrets, "\n  sk-ok  \n\n")) == "sk-ok"
 
 
+def test_loose_ids_are_refused_and_untouched_instances_are_closed():
+    async def main():
+        server = Tau2Server(FakeTau2Task, instance_ttl=0.5)
+        async with serve_app(server.app()) as url, aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/create", json={}) as r:
+                idx = await r.json()
+            async with http.post(f"{url}/create", json={}) as r:
+                kept = await r.json()
+            for bad in (True, idx + 0.9, "1e0"):  # int() took them as instances 1 / idx / 1
+                async with http.post(f"{url}/reset", json={"env_idx": bad, "session_id": "retail/7"}) as r:
+                    assert (r.status, (await r.json())["error"]) == (400, "bad_env_idx")
+            for _ in range(8):  # 1.2 s, touching one instance
+                async with http.get(f"{url}/observation", params={"env_idx": kept}) as r:
+                    assert r.status == 200
+                await asyncio.sleep(0.15)
+            async with http.post(f"{url}/reset", json={"env_idx": idx, "session_id": "retail/7"}) as r:
+                assert r.status == 404 and "untouched for 0.5s" in (await r.json())["detail"]
+            assert list(server.episodes) == [kept]
+    asyncio.run(main())
+
+
 def test_an_exception_that_quotes_the_key_reaches_no_answer_and_no_log(tmp_path, caplog, clean_env):
     """A stand-in user-simulator library whose error message holds its call's arguments (litellm's do): the key
     was in the server's 500, its log, and the gateway's 502."""

@@ -40,7 +40,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -139,6 +139,31 @@ def json_errors(env_name: str) -> Callable:
     return errors
 
 
+def integer_field(raw: Any, name: str, error: str) -> int:
+    """``raw`` as an int: a JSON integer, or ASCII digits (query strings). Not true, 1.9 or "1e3", which ``int``
+    would turn into some other instance or item: those are a 400 ``error``."""
+    if not (type(raw) is int or (isinstance(raw, str) and raw.isascii() and raw.isdigit())):
+        raise RequestError(400, error, f"'{name}' must be an integer, got {short(raw)}")
+    return int(raw)
+
+
+async def reap_idle(name: str, instances: dict, ttl: float, close: Callable[[Any], Awaitable[None]]) -> None:
+    """Forever: close (``close(instance)``, after removing it) every value of ``instances`` whose ``last_used``
+    (time.monotonic) is more than ``ttl`` seconds ago and whose ``lock`` is free; checks every ttl/4 (<= 30 s)."""
+    while True:
+        await asyncio.sleep(min(ttl / 4, 30.0))
+        now = time.monotonic()
+        for key, inst in list(instances.items()):
+            if now - inst.last_used > ttl and not inst.lock.locked():
+                instances.pop(key, None)
+                log.info("%s: closing instance %s, untouched for %.0fs (--instance-ttl)", name, key,
+                         now - inst.last_used)
+                try:
+                    await close(inst)
+                except Exception:
+                    log.exception("%s: closing idle instance %s failed", name, key)
+
+
 def short(value: Any) -> str:
     """``value``'s repr, cut to 60 characters: an error answer never echoes a large input back."""
     text = repr(value)
@@ -216,10 +241,7 @@ class EnvServer:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def instance(self, raw_id: Any) -> tuple[int, Instance]:
-        # an int, or digits (query strings); not true, 1.9 or "1e3", which int() would take as some other instance
-        if not (type(raw_id) is int or (isinstance(raw_id, str) and raw_id.isascii() and raw_id.isdigit())):
-            raise RequestError(400, "bad_id", f"'id' must be an integer from /create, got {short(raw_id)}")
-        env_id = int(raw_id)
+        env_id = integer_field(raw_id, "id", "bad_id")
         if env_id not in self.instances:
             raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: create one with POST /create "
                                                   f"(instances untouched for {self.instance_ttl:g}s are closed)")
@@ -252,10 +274,7 @@ class EnvServer:
         if "data_idx" not in data:
             raise RequestError(400, "missing_field", "required field(s) missing: data_idx")
         env_id, inst = self.instance(data["id"])
-        data_idx = data["data_idx"]
-        if not (type(data_idx) is int or (isinstance(data_idx, str) and data_idx.isascii() and data_idx.isdigit())):
-            raise RequestError(400, "bad_data_idx", f"'data_idx' must be an integer, got {short(data_idx)}")
-        data_idx = int(data_idx)
+        data_idx = integer_field(data["data_idx"], "data_idx", "bad_data_idx")
         n = self.num_items()
         if data_idx < 0 or (n is not None and data_idx >= n):
             raise RequestError(400, "bad_data_idx", f"'data_idx' {data_idx} is out of range [0, {n})")
@@ -330,21 +349,8 @@ class EnvServer:
         return app
 
     async def _start_reaper(self, app: web.Application) -> None:
-        self._reaper = asyncio.ensure_future(self._reap_idle())
-
-    async def _reap_idle(self) -> None:
-        while True:
-            await asyncio.sleep(min(self.instance_ttl / 4, 30.0))
-            now = time.monotonic()
-            for env_id, inst in list(self.instances.items()):
-                if now - inst.last_used > self.instance_ttl and not inst.lock.locked():
-                    self.instances.pop(env_id, None)
-                    log.info("%s: closing instance %s, untouched for %.0fs (--instance-ttl)", self.name, env_id,
-                             now - inst.last_used)
-                    try:
-                        await self.run_blocking(self.close_env, inst.env)
-                    except Exception:
-                        log.exception("%s: closing idle instance %s failed", self.name, env_id)
+        self._reaper = asyncio.ensure_future(reap_idle(self.name, self.instances, self.instance_ttl,
+                                                       lambda inst: self.run_blocking(self.close_env, inst.env)))
 
     async def _shutdown(self, app: web.Application) -> None:
         self._reaper.cancel()

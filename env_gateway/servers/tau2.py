@@ -48,7 +48,8 @@ from typing import Any, Callable, Protocol
 
 from aiohttp import web
 
-from env_gateway.servers._base import RequestError, json_body, json_errors, read_secret_file
+from env_gateway.servers._base import (RequestError, integer_field, json_body, json_errors, read_secret_file,
+                                       reap_idle, short)
 
 log = logging.getLogger("env_gateway.servers.tau2")
 
@@ -220,15 +221,16 @@ class Episode:
     done: bool = False
     errors: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class Tau2Server:
     def __init__(self, conversation_factory: Callable[[str, str], Conversation], reward_shape: str = "binary",
-                 max_errors: int = 10, max_instances: int = 256, workers: int = 16):
+                 max_errors: int = 10, max_instances: int = 256, workers: int = 16, instance_ttl: float = 3600.0):
         if reward_shape not in ("binary", "dense"):
             raise ValueError(f"reward_shape must be 'binary' or 'dense', got {reward_shape!r}")
         self.factory, self.reward_shape, self.max_errors = conversation_factory, reward_shape, max_errors
-        self.max_instances = max_instances
+        self.max_instances, self.instance_ttl = max_instances, instance_ttl
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tau2")
         self.episodes: dict[int, Episode] = {}
         self._ids = itertools.count()
@@ -237,13 +239,13 @@ class Tau2Server:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def episode(self, raw: Any) -> Episode:
-        try:
-            idx = int(raw)
-        except (TypeError, ValueError):
-            raise RequestError(400, "bad_env_idx", f"'env_idx' must be the integer /create returned, got {raw!r}")
+        idx = integer_field(raw, "env_idx", "bad_env_idx")
         if idx not in self.episodes:
-            raise RequestError(404, "unknown_env_idx", f"no tau2 instance {idx}: create one with POST /create")
-        return self.episodes[idx]
+            raise RequestError(404, "unknown_env_idx", f"no tau2 instance {idx}: create one with POST /create "
+                                                       f"(instances untouched for {self.instance_ttl:g}s are closed)")
+        ep = self.episodes[idx]
+        ep.last_used = time.monotonic()
+        return ep
 
     async def handle_create(self, request: web.Request) -> web.Response:
         if len(self.episodes) >= self.max_instances:
@@ -258,7 +260,7 @@ class Tau2Server:
         domain, sep, task_id = str(data["session_id"]).partition("/")
         if not sep or domain not in DOMAINS or not task_id:
             raise RequestError(400, "bad_session_id", f"session_id must be '<domain>/<task_id>' with domain one of "
-                                                      f"{', '.join(DOMAINS)}; got {data['session_id']!r}")
+                                                      f"{', '.join(DOMAINS)}; got {short(data['session_id'])}")
         async with ep.lock:
             conversation = await self.blocking(self.factory, domain, task_id)
             first = await self.blocking(conversation.start)
@@ -319,8 +321,9 @@ class Tau2Server:
     async def handle_close(self, request: web.Request) -> web.Response:
         data = await json_body(request, "env_idx")
         self.episode(data["env_idx"])
-        self.episodes.pop(int(data["env_idx"]), None)
-        return web.json_response({"closed": int(data["env_idx"])})
+        idx = integer_field(data["env_idx"], "env_idx", "bad_env_idx")
+        self.episodes.pop(idx, None)
+        return web.json_response({"closed": idx})
 
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "env": "tau2", "instances": len(self.episodes),
@@ -331,10 +334,17 @@ class Tau2Server:
         app.add_routes([web.get("/", self.handle_health), web.post("/create", self.handle_create),
                         web.post("/reset", self.handle_reset), web.post("/step", self.handle_step),
                         web.get("/observation", self.handle_observation), web.post("/close", self.handle_close)])
+        app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._shutdown)
         return app
 
+    async def _start_reaper(self, app: web.Application) -> None:
+        async def forget(ep: Episode) -> None:  # a conversation holds no outside resource: dropping it is closing it
+            pass
+        self._reaper = asyncio.ensure_future(reap_idle("tau2", self.episodes, self.instance_ttl, forget))
+
     async def _shutdown(self, app: web.Application) -> None:
+        self._reaper.cancel()
         self.episodes.clear()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -363,13 +373,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-errors", type=int, default=10, help="tool errors that end an episode (τ²'s default)")
     p.add_argument("--max-instances", type=int, default=256)
     p.add_argument("--workers", type=int, default=16, help="threads for tau2 and user-simulator calls")
+    p.add_argument("--instance-ttl", type=float, default=3600.0, help="seconds an instance may go untouched before "
+                   "the server closes it (keep it above the gateway's --session-ttl)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     llm_args = {"api_base": args.user_base_url, "api_key": read_key(args.user_key_file),
                 "temperature": args.user_temperature}
     server = Tau2Server(RealTau2(args.user_model, llm_args), args.reward_shape, args.max_errors, args.max_instances,
-                        args.workers)
+                        args.workers, args.instance_ttl)
     web.run_app(server.app(), host=args.host, port=args.port, print=lambda *_: log.info(
         "tau2 server on http://%s:%d (user model %s at %s, reward %s)", args.host, args.port, args.user_model,
         args.user_base_url, args.reward_shape))
