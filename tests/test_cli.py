@@ -110,7 +110,8 @@ class _TrainReached(Exception):
 def test_valid_args_reach_openrlhf_train(monkeypatch, no_patch_left):
     """Up to OpenRLHF's train(): its own validation ran, ray.init got the CoPE worker hook next to OpenRLHF's
     env_vars, the patch is in place, and args.cope carries the flags. Ray start and the strategy are stand-ins
-    (recording / stopping), as nothing may start here."""
+    (recording / stopping), as nothing may start here; so the preflight, which would look for a gateway, is off."""
+    monkeypatch.setenv("COPE_SKIP_PREFLIGHT", "1")
     started = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: started.update(kwargs))

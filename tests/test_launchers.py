@@ -249,7 +249,8 @@ prev=""; for a in "$@"; do [ "$prev" = --runtime-env ] && cp "$a" {record}.env &
 """)
     fake_ray.chmod(0o755)
     env = clean_env(RAY_ADDRESS="http://127.0.0.1:9", COPE_SECRETS_DIR=str(secrets),
-                    PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHON="python3", TE_ENABLE="1")
+                    PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHON="python3", TE_ENABLE="1",
+                    COPE_SKIP_PREFLIGHT="1")  # nothing here exists (model, data, gateway): the submission is tested
     script = ("source scripts/lib/common.sh; cope_ray() { echo ray; }; ENV_NAME=babyai; MAX_TURNS=20; "
               "cope_train_main")
     done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
@@ -267,6 +268,23 @@ prev=""; for a in "$@"; do [ "$prev" = --runtime-env ] && cp "$a" {record}.env &
     dry = subprocess.run(["bash", "-c", script], cwd=ROOT, env={**env, "DRY_RUN": "1"}, capture_output=True,
                          text=True, timeout=30)
     assert "sk-test" not in dry.stdout and "<redacted>" in dry.stdout
+
+
+def test_ray_job_submit_runs_the_preflight_first(tmp_path):
+    """A submission that cannot run stops on the submitting host, with every problem listed, and nothing is sent."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text(f"#!/usr/bin/env bash\ntouch {tmp_path / 'submitted'}\n")
+    (bin_dir / "ray").chmod(0o755)
+    env = clean_env(RAY_ADDRESS="http://127.0.0.1:9", PATH=f"{bin_dir}:{os.environ['PATH']}",
+                    PYTHON=os.path.join(ROOT, ".venv", "bin", "python"), MODEL_PATH=str(tmp_path / "no-model"),
+                    COPE_GATEWAY_URL="http://127.0.0.1:9")
+    script = "source scripts/lib/common.sh; cope_ray() { echo ray; }; ENV_NAME=babyai; MAX_TURNS=20; cope_train_main"
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "preflight:" in done.stderr and f"{tmp_path / 'no-model'}: no such folder" in done.stderr
+    assert "no gateway answers at COPE_GATEWAY_URL=http://127.0.0.1:9" in done.stderr
+    assert not (tmp_path / "submitted").exists()
 
 
 def test_sbatch_and_ray_cluster_dry_runs(parser):
@@ -350,6 +368,23 @@ def test_tmux_launcher_brings_up_babyai_and_gateway_then_tears_down():
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "processes left after teardown"
+    assert not tmux_server_running(session)
+
+
+def test_tmux_launcher_runs_the_preflight_before_starting_anything():
+    """The training run's problems (all but the gateway, which the launcher is about to start) stop the launch
+    before any server or tmux session exists."""
+    tmux_ready()
+    session = f"cope-test-preflight-{os.getpid()}"
+    try:
+        out = launch(session, MODEL_PATH="runs/none/model-sft", ENV_SERVER_PORT=str(free_port()),
+                     GATEWAY_PORT=str(free_port()))
+    finally:
+        if tmux_server_running(session):
+            launch(session, "stop", timeout=60)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "preflight:" in out.stderr and "runs/none/model-sft: no such folder" in out.stderr
+    assert "no gateway" not in out.stderr and "nothing was started" in out.stderr
     assert not tmux_server_running(session)
 
 

@@ -11,7 +11,9 @@ as ``__main__`` (``runpy``) with ``argparse.ArgumentParser.parse_args`` wrapped 
   workers' setup hook, keeping OpenRLHF's ``env_vars``.
 - ``build_parser``: the wrapper captures the parser and stops (for tests and tools).
 
-Every error in a CoPE value, environment variable or combination exits with code 2 and says what to change.
+Every error in a CoPE value, environment variable or combination exits with code 2 and says what to change; so does
+everything else that would stop the run (``preflight``: datasets, model, agent func, gateway, GPUs, folders, all at
+once; COPE_SKIP_PREFLIGHT=1 skips it), and placement groups wait at most RAY_PG_TIMEOUT_S (600) seconds.
 
 On a host without CUDA the same command runs OpenRLHF's real path on CPU (``cpu_cluster`` / ``cpu_vllm``, swapped
 in by ``patch``): ``cpu_preset_error`` names every flag such a run needs that is missing (exit 2), and a Ray that
@@ -29,7 +31,7 @@ from typing import List, Optional
 import ray
 import torch
 
-from cope_rlhf import patch
+from cope_rlhf import patch, preflight
 from cope_rlhf.config import FORECAST_LAYOUTS, CoPEConfig, add_cope_args
 from cope_rlhf.forecast import load_action_format
 
@@ -167,11 +169,19 @@ def main(argv: Optional[List[str]] = None) -> None:
     original = argparse.ArgumentParser.parse_args
     parsed_args = []
 
+    skip_preflight = os.environ.get("COPE_SKIP_PREFLIGHT", "").strip() not in ("", "0")
+
     def parse_with_cope(self, args=None, namespace=None):
         parsed = original(_with_cope_group(self), argv if args is None else args, namespace)
-        problem = combination_error(parsed) or cpu_preset_error(parsed)
-        if problem:
-            self.error(problem)
+        if skip_preflight:
+            problem = combination_error(parsed) or cpu_preset_error(parsed)
+            if problem:
+                self.error(problem)
+        else:
+            found = preflight.problems(parsed)
+            if found:
+                print(preflight.report(found), file=sys.stderr)
+                sys.exit(2)
         parsed_args.append(parsed)
         return parsed
 
@@ -184,8 +194,15 @@ def main(argv: Optional[List[str]] = None) -> None:
         if starts_local_ray and not torch.cuda.is_available():
             for key, value in cpu_ray_resources(parsed_args[-1]).items():
                 kwargs.setdefault(key, value)
-        return hooked_init(*args, **kwargs)
+        context = hooked_init(*args, **kwargs)
+        problem = None if skip_preflight else preflight.cluster_gpu_problem(parsed_args[-1], ray.cluster_resources())
+        if problem:
+            ray.shutdown()
+            print(preflight.report([problem]), file=sys.stderr)
+            sys.exit(2)
+        return context
 
+    preflight.bound_placement_groups()
     ray.init = init
     try:
         _run_openrlhf_cli(parse_with_cope)

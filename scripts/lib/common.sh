@@ -35,6 +35,9 @@
 # Evaluation (cope_eval_main, examples/eval/<env>_eval.sh -> scripts/eval.py): CKPT=<OUTPUT_DIR>/model
 #   EVAL_ITEMS=data/generated/<env>_test.jsonl  EVAL_K=4  EVAL_TEMPERATURE=1.0  EVAL_ENGINE= (vllm when it imports)
 #   EVAL_OUT=runs/eval/<RUN_NAME>.json  EVAL_LIMIT= (first N items)  plus MAX_TURNS, MAX_NEW_TOKENS, MAX_LEN
+# Preflight (cope_rlhf/preflight.py): the trainer checks datasets, model, agent func, gateway, GPUs, folders and
+#   secrets before it allocates anything, listing every problem with its fix (exit 2); with RAY_ADDRESS it runs
+#   here before `ray job submit` too. COPE_SKIP_PREFLIGHT=1 skips it; RAY_PG_TIMEOUT_S=600 bounds the wait for GPUs.
 # Secrets: only from .secrets/ (git-ignored; COPE_SECRETS_DIR moves it): .secrets/wandb_api_key turns on wandb
 #   (WANDB_PROJECT=cope_rlhf). A key reaches the trainer through the environment, never through argv or a log.
 
@@ -213,7 +216,15 @@ cope_train_main() {
         if [ -n "${!var:-}" ]; then export "${var?}"; fi
     done
     cd "$COPE_ROOT" || exit 1
+    if cope_is_true "${PREFLIGHT_ONLY:-0}"; then  # the tmux launcher, before it starts servers and the gateway
+        "$(cope_python)" -m cope_rlhf.preflight --no-gateway "${COPE_CMD[@]:2}"
+        return
+    fi
     if [ -n "${RAY_ADDRESS:-}" ]; then
+        if ! cope_is_true "${DRY_RUN:-0}" && ! cope_is_true "${COPE_SKIP_PREFLIGHT:-0}"; then
+            # here, before anything is uploaded; the job's driver checks the cluster's GPUs once Ray is up
+            "$(cope_python)" -m cope_rlhf.preflight "${COPE_CMD[@]:2}" || exit 2
+        fi
         local submit=("$(cope_ray)" job submit --address "$RAY_ADDRESS" --working-dir "$COPE_ROOT")
         if cope_is_true "${DRY_RUN:-0}"; then
             echo "# runtime env: $(cope_runtime_env_json redact)"

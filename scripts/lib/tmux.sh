@@ -157,6 +157,11 @@ cope_tmux_main() {
         return
     fi
     command -v tmux >/dev/null || cope_die "tmux is not installed (Debian: apt-get install tmux)"
+    if ! cope_is_true "${LAUNCH_ONLY:-0}" && ! cope_is_true "${COPE_SKIP_PREFLIGHT:-0}"; then
+        # the training run's preflight (all but the gateway, which starts below), before any server starts
+        PREFLIGHT_ONLY=1 bash "scripts/run_${ENV_NAME}_grpo_train.sh" ||
+            cope_die "the training run would fail (above); nothing was started (COPE_SKIP_PREFLIGHT=1 skips the checks)"
+    fi
     if [ -n "$SERVER_PYTHON" ] && [ ! -x "$SERVER_PYTHON" ]; then
         local how="bash scripts/setup_env.sh $ENV_SERVER"
         if [ -f "env_gateway/servers/requirements/$ENV_SERVER.manual" ]; then
