@@ -6,7 +6,8 @@ the env packages (the real built-in servers are tested separately, when their ve
 
 The fake task of item i: an episode of ``episode_len`` steps; the observation at step t says
 ``item {i} step {t}: say 'move {(i + t) % 4}'``; the last step gives reward 1.0 if every action was the
-one asked for, else 0.0. Actions ``hang`` (sleeps an hour: a stuck backend) and ``crash`` (HTTP 500) act
+one asked for, else 0.0 (with ``partial_rewards``: 1 / episode_len for every right action, when it is taken, so
+the episode's total is the share of right actions). Actions ``hang`` (sleeps an hour: a stuck backend) and ``crash`` (HTTP 500) act
 out failures. Every env call (reset, step) waits ``delay`` seconds first (simulated work, not CPU).
 
 Variants: ``agentgym`` (ids in ``id``, reset ``{id, data_idx}``), ``sciworld`` (+ cumulative ``score``),
@@ -51,10 +52,12 @@ def observation_text(item: int, t: int) -> str:
 
 
 class FakeBackend:
-    def __init__(self, variant: str = "agentgym", delay: float = 0.0, episode_len: int = 5):
+    def __init__(self, variant: str = "agentgym", delay: float = 0.0, episode_len: int = 5,
+                 partial_rewards: bool = False):
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         self.variant, self.delay, self.episode_len = variant, delay, episode_len
+        self.partial_rewards = partial_rewards
         self.instances: dict[int, dict] = {}
         self.ids = itertools.count()
         self.inflight = self.peak_inflight = 0
@@ -98,10 +101,14 @@ class FakeBackend:
         self.counts["step"] += 1
         inst["steps"] += 1
         item, t = inst["item"], inst["t"]
-        inst["right"] += action == expected_action(item, t)
+        right = action == expected_action(item, t)
+        inst["right"] += right
         inst["t"] = t + 1
         done = inst["t"] >= self.episode_len
-        reward = 1.0 if done and inst["right"] == self.episode_len else 0.0
+        if self.partial_rewards:
+            reward = right / self.episode_len
+        else:
+            reward = 1.0 if done and inst["right"] == self.episode_len else 0.0
         obs = f"episode over: {inst['right']}/{self.episode_len} right" if done else observation_text(item, t + 1)
         return obs, reward, done, inst
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
@@ -18,6 +20,7 @@ from agent_funcs.sciworld import binarised_sciworld_score
 from agent_funcs.webshop import binarised_webshop_score
 from tests.agent_funcs_stack import (AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, react, run_episode,
                                      serve_app)
+from tests.conftest import ROOT
 from tests.tiny_hf import tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -250,3 +253,96 @@ def test_appworld_code_actions_and_evaluation(answer, reward, success, monkeypat
     assert "What is the capital of France?" in first and "Ada Lovelace" in first
     assert "['supervisor', 'spotify']" in decoded_feedback(result, 0)
     assert "NameError" in decoded_feedback(result, 1)
+
+
+# ---- the reward contract, on an env that rewards along the way -----------------------------------------------------
+def play_partial(replies: list[str], monkeypatch, max_turns: int | None = None) -> tuple[dict, list]:
+    """BabyAI's agent func (reward passed through) on the fake AgentGym backend with partial rewards (0.2 per right
+    action of 5): (the executor's result, the per-turn rewards it summed)."""
+    from tests.agentgym_fake_backend import running
+
+    tok = tiny_tokenizer()
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    if max_turns:
+        monkeypatch.setenv("MAX_TURNS", str(max_turns))
+    import agent_funcs.base as base
+
+    turn_rewards = []
+    result_of = base.GatewayAgent.result
+
+    def recording(self, observation, done):
+        out = result_of(self, observation, done)
+        turn_rewards.append(round(float(out["rewards"]), 6))
+        return out
+
+    monkeypatch.setattr(base.GatewayAgent, "result", recording)
+
+    async def main():
+        async with running("agentgym", partial_rewards=True) as (_, backend), \
+                inprocess_gateway({"babyai": backend}) as gateway:
+            monkeypatch.setenv("COPE_GATEWAY_URL", gateway)
+            return await run_episode("babyai", 7, ScriptedEngine(tok, replies), tok, timeout=30)
+
+    return asyncio.run(main()), turn_rewards
+
+
+def test_per_turn_rewards_are_the_change_of_the_score(monkeypatch):
+    """Rewards 0.2 at each right action: each turn reports its change, and the executor's sum is the score."""
+    from tests.agentgym_fake_backend import expected_action
+
+    right = [react(expected_action(7, t)) for t in range(5)]
+    result, turn_rewards = play_partial([right[0], react("move 9"), *right[2:]], monkeypatch)
+    assert turn_rewards == [0.2, 0.0, 0.2, 0.2, 0.2]
+    assert result["reward"] == pytest.approx(0.8) and result["scores"] == pytest.approx(0.8)
+    assert result["extra_logs"]["success"] == 1.0
+
+
+def test_an_episode_the_env_fails_scores_0_whatever_it_had_earned(monkeypatch):
+    """Two right actions (0.4 earned), then the env server fails: the episode's reward is 0, not 0.4."""
+    from tests.agentgym_fake_backend import expected_action
+
+    result, turn_rewards = play_partial([react(expected_action(7, 0)), react(expected_action(7, 1)), react("crash")],
+                                        monkeypatch)
+    assert turn_rewards == [0.2, 0.2, -0.4]
+    assert result["reward"] == pytest.approx(0.0) and result["extra_logs"]["env_failed"] == 1.0
+    assert result["extra_logs"]["success"] == 0.0
+
+
+def test_eval_counts_success_as_the_agent_funcs_success_not_a_positive_reward(monkeypatch):
+    """Cut by the turn limit after 2 right actions: reward 0.4, not done, so not a success."""
+    import importlib.util
+
+    from tests.agentgym_fake_backend import running
+
+    spec = importlib.util.spec_from_file_location("script_eval", os.path.join(ROOT, "scripts", "eval.py"))
+    ev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ev)
+    tok = tiny_tokenizer()
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MAX_TURNS", "2")
+
+    class RightActions:  # the model: reads "say 'move N'" in the last observation and says it
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+        def generate(self, requests):
+            out = []
+            for ids, _ in requests:
+                said = tok.decode(ids).rsplit("say '", 1)[1].split("'", 1)[0]
+                text = react(said)
+                out.append(SimpleNamespace(token_ids=tok(text, add_special_tokens=False)["input_ids"] + [self.eos],
+                                           text=text, finish_reason="stop", logprobs=None))
+            return out
+
+    async def main():
+        async with running("agentgym", partial_rewards=True) as (_, backend), \
+                inprocess_gateway({"babyai": backend}) as gateway:
+            monkeypatch.setenv("COPE_GATEWAY_URL", gateway)
+            engine = ev.BatchingEngine(RightActions(), max_new_tokens=32)
+            return await ev.play("babyai", ["3", "4"], 1, engine, tok, 200_000, 4)
+
+    episodes = asyncio.run(asyncio.wait_for(main(), 60))
+    assert [e["reward"] for e in episodes] == [pytest.approx(0.4)] * 2
+    assert [e["success"] for e in episodes] == [False, False]
+    assert [row["successes"] for row in ev.item_table(episodes, ["3", "4"])] == [0, 0]

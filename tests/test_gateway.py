@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from env_gateway.client import (BackendFailed, BadRequest, GatewayClient, GatewayUnavailable, Overloaded,
                                 SessionGone)
+from env_gateway.adapters import BackendError
 from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
 from env_gateway.server import Gateway
 from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, free_port, running
@@ -166,6 +167,7 @@ def test_step_timeout_fails_the_session_with_504():
                 assert time.monotonic() - t0 < 5
                 assert e.value.status == 504 and e.value.backend == burl
                 assert "timed out after 0.3s" in e.value.detail and "open a new session" in e.value.detail
+                assert gw.pools["babyai"].replicas[0].healthy  # a slow step says nothing about the replica's health
                 with pytest.raises(SessionGone, match="failed"):
                     await client.step(opened.session_id, "move 0")
                 # a 5xx from the backend: 502, named
@@ -267,6 +269,54 @@ def test_idle_sessions_are_reaped_and_closed_on_the_backend():
                 assert e.value.status == 410
                 assert await client.close(busy.session_id) is True
                 assert await client.close(idle.session_id) is False
+    run(main())
+
+
+def test_a_session_with_a_step_in_flight_is_not_reaped():
+    """The step takes 1 s, three session TTLs: the session is busy, not idle, and survives it."""
+    async def main():
+        async with running("agentgym", episode_len=10) as (backend, burl), \
+                gateway({"babyai": [burl]}, session_ttl=0.3) as (gw, url):
+            async with GatewayClient(url) as client:
+                opened = await client.create("babyai", 1)
+                backend.delay = 1.0
+                r = await client.step(opened.session_id, expected_action(1, 0))
+                assert r.observation.startswith("item 1 step 1")
+                assert opened.session_id in gw.sessions and backend.counts["close"] == 0
+    run(main())
+
+
+def test_new_sessions_go_to_the_replica_with_fewest_sessions_then_fewest_requests():
+    gw = Gateway(GatewayConfig(envs={"babyai": EnvConfig("babyai", ["http://a:1", "http://b:1", "http://c:1"])}))
+    a, b, c = gw.pools["babyai"].replicas
+    a.sessions, a.slots.used = 1, 0
+    b.sessions, b.slots.used = 0, 3
+    c.sessions, c.slots.used = 0, 2
+    assert gw.pools["babyai"].pick(set()) is c  # fewest sessions (b, c), then fewest in flight
+    c.healthy = False
+    assert gw.pools["babyai"].pick(set()) is b
+    assert gw.pools["babyai"].pick({b}) is a
+
+
+def test_a_create_refused_as_busy_by_one_replica_and_failing_on_another_is_a_502():
+    """503 replicas_busy (come back later) only when every replica said busy (409); a 5xx among them is a failure."""
+    async def main():
+        async with running("agentgym") as (_, url_a), running("agentgym") as (_, url_b), \
+                gateway({"babyai": [url_a, url_b]}) as (gw, url):
+            pool = gw.pools["babyai"]
+            answers = {url_a: 409, url_b: 500}
+
+            async def refuse(replica_url, item_id, seed):
+                raise BackendError(replica_url, f"HTTP {answers[replica_url]}", retryable=True,
+                                   status=answers[replica_url])
+
+            pool.adapter.open = refuse
+            body = json.dumps({"env": "babyai", "item_id": 1}).encode()
+            got, answer, _ = await raw(url, "POST", "/v1/sessions", body)
+            assert (got, answer["error"]) == (502, "backend_failed"), answer
+            answers[url_b] = 409
+            got, answer, headers = await raw(url, "POST", "/v1/sessions", body)
+            assert (got, answer["error"]) == (503, "replicas_busy") and headers["Retry-After"] == "1", answer
     run(main())
 
 
