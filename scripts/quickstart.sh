@@ -37,7 +37,7 @@ STEPS="${QUICKSTART_STEPS:-60}"
 EVAL_EVERY="${QUICKSTART_EVAL_EVERY:-10}"
 DEMOS="${QUICKSTART_DEMOS:-300}"
 HELDOUT="${QUICKSTART_HELDOUT:-200}"
-COPE_FLAGS="${QUICKSTART_COPE_FLAGS:-}"
+read -r -a COPE_FLAGS <<< "${QUICKSTART_COPE_FLAGS:-}"  # words, as on a command line
 PY="$ROOT/.venv/bin/python"
 T0=$SECONDS
 CHILD=""
@@ -91,7 +91,7 @@ step train "$PY" -m cope_rlhf.local train --env babyai \
   --actor.adam.lr 3e-4 --actor.lr_warmup_ratio 0.1 --actor.lr_scheduler constant_with_warmup \
   --algo.kl.init_coef 0.01 --algo.kl.use_loss --algo.kl.estimator k3 --vllm.enable_prefix_caching \
   --ckpt.path "$DIR/ckpt" --ckpt.output_dir "$DIR/model-rl" --logger.tensorboard_dir "$DIR/tensorboard" \
-  $COPE_FLAGS
+  "${COPE_FLAGS[@]}"
 
 "$PY" scripts/run_report.py --ckpt "$DIR/ckpt" --png "$DIR/learning_curve.png" --json "$DIR/report.json" \
   > "$DIR/logs/report.log"

@@ -27,7 +27,8 @@ TRAINING_SCRIPTS = RUN + LAUNCH + EXAMPLES
 ALL_SCRIPTS = TRAINING_SCRIPTS + sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples/eval/*.sh"))) + [
     "scripts/lib/common.sh", "scripts/lib/tmux.sh", "scripts/ray_cluster_head.sh", "scripts/ray_cluster_worker.sh",
-    "scripts/sbatch_train.sh"]
+    "scripts/sbatch_train.sh", "scripts/quickstart.sh", "scripts/setup.sh", "scripts/setup_env.sh", "scripts/test.sh",
+    "scripts/gpu_smoke.sh", ".ci/run"]
 COPE_VARS = [f.name.upper() for f in dataclasses.fields(CoPEConfig)]
 # a valid, non-default value for every switch
 COPE_VALUES = {"ACTION_FORECAST_ENABLE": "1", "ACTION_FORECAST_COEF": "0.05", "ACTION_FORECAST_K": "4",
