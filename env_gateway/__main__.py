@@ -7,20 +7,17 @@ import asyncio
 import gc
 import logging
 import sys
+from dataclasses import fields
 
 from aiohttp import web
 
-from env_gateway.config import ConfigError, EnvConfig, GatewayConfig, load_yaml, parse_env_flag, parse_spawn_flag
+from env_gateway.config import (ConfigError, EnvConfig, GatewayConfig, load_yaml, parse_env_flag, parse_spawn_flag,
+                                scalar_settings)
 from env_gateway.server import Gateway
 from env_gateway.spawn import Supervisor
 
 log = logging.getLogger("env_gateway")
 GC_THRESHOLD = 50_000  # allocations between young-generation collections (Python's default: 700)
-
-# flag -> GatewayConfig field; flags override the config file only where given
-SCALARS = {"host": str, "port": int, "max_sessions": int, "session_ttl": float, "request_timeout": float,
-           "queue_timeout": float, "max_concurrency": int, "max_queue": int, "health_interval": float, "max_body": int,
-           "max_action_bytes": int, "read_timeout": float, "auth_token_file": str}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,20 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "is given (a registered name or package.module:Class)")
     p.add_argument("--spawn", action="append", default=[], metavar="NAME[:ADAPTER]=CMD:N",
                    help="start N replicas of CMD (which must contain {port}) and restart any that die")
-    defaults = GatewayConfig()
-    helps = {"max_sessions": "open sessions, all envs together", "session_ttl": "idle seconds before a session is "
-             "closed", "request_timeout": "seconds per backend call", "queue_timeout": "longest wait for a replica "
-             "slot before 503", "max_concurrency": "requests in flight per replica", "max_queue": "queued requests "
-             "per replica before immediate 503", "health_interval": "seconds between health checks",
-             "max_body": "largest request body in bytes", "max_action_bytes": "largest action in bytes, as "
-             "forwarded to the env server (UTF-8 JSON); a larger one gets 413", "read_timeout": "seconds a client has to "
-             "send a request's headers, and again its body (408), and that an idle connection stays open",
-             "auth_token_file": "file (in .secrets/, mode 600, one line) with a token that /v1/sessions requests must "
-             "carry as 'Authorization: Bearer TOKEN' (clients: COPE_GATEWAY_TOKEN_FILE); for a gateway other hosts "
-             "can reach"}
-    for name, typ in SCALARS.items():
-        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
-                       help=f"{helps.get(name, name)} (default {getattr(defaults, name)})")
+    for f in fields(GatewayConfig):
+        if "help" in f.metadata:  # every scalar setting (config.setting); flags override --config where given
+            p.add_argument("--" + f.name.replace("_", "-"), type=scalar_settings()[f.name], default=None,
+                           help=f"{f.metadata['help']} (default {f.default})")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop even if uvloop is installed")
     return p
@@ -53,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_config(args: argparse.Namespace) -> GatewayConfig:
     cfg = load_yaml(args.config) if args.config else GatewayConfig()
-    for name in SCALARS:
+    for name in scalar_settings():
         if getattr(args, name) is not None:
             setattr(cfg, name, getattr(args, name))
     for flag in args.env:

@@ -26,6 +26,7 @@ Every mistake raises ``ConfigError`` with a message that names the setting and w
 from __future__ import annotations
 
 import os
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -54,22 +55,33 @@ class EnvConfig:
     spawn: SpawnSpec | None = None
 
 
+def setting(default: Any, help: str) -> Any:
+    """A scalar gateway setting, declared once: its type (the annotation), default and help. Its name is both the
+    flag of ``python -m env_gateway`` (``max_body`` -> ``--max-body``) and the YAML key (``scalar_settings``)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class GatewayConfig:
-    host: str = "127.0.0.1"
-    port: int = 8800
-    max_sessions: int = 4096         # open sessions, all envs together
-    session_ttl: float = 900.0       # seconds a session may sit idle before the gateway closes it
-    request_timeout: float = 60.0    # per backend call
-    queue_timeout: float = 30.0      # longest wait for a replica slot before a 503
-    max_concurrency: int = 64        # requests in flight per replica
-    max_queue: int = 4096            # requests waiting per replica before immediate 503s
-    health_interval: float = 5.0
-    max_body: int = 1 << 20          # bytes
-    max_action_bytes: int = 1 << 16  # an action as forwarded (UTF-8 JSON); env servers take bodies up to 1 MiB
-    auth_token_file: str | None = None  # sessions need "Authorization: Bearer <the file's token>" (none: open)
-    read_timeout: float = 10.0       # seconds a client has for a request's headers, again for its body, and an idle
-                                     # keep-alive connection stays open (GatewayClient closes its own after 5 s)
+    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface; then set --auth-token-file)")
+    port: int = setting(8800, "port to listen on")
+    max_sessions: int = setting(4096, "open sessions, all envs together")
+    session_ttl: float = setting(900.0, "idle seconds before a session is closed")
+    request_timeout: float = setting(60.0, "seconds per backend call")
+    queue_timeout: float = setting(30.0, "longest wait for a replica slot before 503")
+    max_concurrency: int = setting(64, "requests in flight per replica")
+    max_queue: int = setting(4096, "queued requests per replica before immediate 503")
+    health_interval: float = setting(5.0, "seconds between health checks")
+    max_body: int = setting(1 << 20, "largest request body in bytes")
+    max_action_bytes: int = setting(1 << 16, "largest action in bytes, as forwarded to the env server (UTF-8 JSON; "
+                                             "env servers take bodies up to 1 MiB); a larger one gets 413")
+    read_timeout: float = setting(10.0, "seconds a client has to send a request's headers, and again its body "
+                                        "(408), and that an idle connection stays open (GatewayClient closes its "
+                                        "own after 5 s)")
+    auth_token_file: str | None = setting(None, "file (in .secrets/, mode 600, one line) with a token that "
+                                                "/v1/sessions requests must carry as 'Authorization: Bearer TOKEN' "
+                                                "(clients: COPE_GATEWAY_TOKEN_FILE); for a gateway other hosts can "
+                                                "reach")
     envs: dict[str, EnvConfig] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -103,6 +115,13 @@ class GatewayConfig:
             if env.max_concurrency is not None and env.max_concurrency < 1:
                 raise ConfigError(f"env {env.name!r}: max_concurrency must be >= 1")
         return self
+
+
+def scalar_settings() -> dict[str, type]:
+    """{name: type} of every ``setting`` of GatewayConfig (an optional one: the type it takes when given)."""
+    hints = typing.get_type_hints(GatewayConfig)
+    return {f.name: next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None))
+            for f in fields(GatewayConfig) if "help" in f.metadata}
 
 
 def parse_env_flag(text: str) -> tuple[str, str, list[str]]:
@@ -162,12 +181,11 @@ def load_yaml(path: str) -> GatewayConfig:
     envs = raw.pop("envs", None) or {}
     if not isinstance(envs, dict):
         raise ConfigError(f"--config {path}: 'envs' must map env names to settings")
-    cfg = GatewayConfig()
-    for name, value in raw.items():  # coerce to the default's type, with a clear message when impossible
+    cfg, types = GatewayConfig(), scalar_settings()
+    for name, value in raw.items():  # coerce to the setting's type, with a clear message when impossible
         try:
-            setattr(cfg, name, type(getattr(cfg, name))(value))
+            setattr(cfg, name, types[name](value))
         except (TypeError, ValueError):
-            raise ConfigError(f"--config {path}: {name} must be of type {type(getattr(cfg, name)).__name__}, "
-                              f"got {value!r}") from None
+            raise ConfigError(f"--config {path}: {name} must be of type {types[name].__name__}, got {value!r}") from None
     cfg.envs = {name: _env_from_yaml(str(name), spec) for name, spec in envs.items()}
     return cfg

@@ -168,6 +168,28 @@ def test_cli_errors_say_what_to_fix(args, message):
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
+def test_every_setting_is_a_flag_and_a_yaml_key_of_its_type(tmp_path):
+    """One declaration per setting (config.setting): its flag and YAML key exist and parse to its type; an optional
+    one (auth_token_file, default None) is taken from YAML too (it was coerced with type(None))."""
+    from env_gateway.__main__ import build_parser, make_config
+    from env_gateway.config import GatewayConfig, scalar_settings
+
+    settings = scalar_settings()
+    assert {"max_action_bytes", "read_timeout", "auth_token_file", "max_body", "session_ttl"} <= set(settings)
+    assert settings["auth_token_file"] is str and settings["read_timeout"] is float
+    help_text = build_parser().format_help()
+    values = {int: "7", float: "2.5", str: "x"}
+    for name, typ in settings.items():
+        assert f"--{name.replace('_', '-')}" in help_text
+        args = build_parser().parse_args(["--" + name.replace("_", "-"), values[typ]])
+        assert getattr(make_config(args), name) == typ(values[typ])
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text("auth_token_file: .secrets/gateway_token\nread_timeout: 3\nenvs: {babyai: http://127.0.0.1:1}\n")
+    loaded = make_config(build_parser().parse_args(["--config", str(cfg)]))
+    assert loaded.auth_token_file == ".secrets/gateway_token" and loaded.read_timeout == 3.0
+    assert GatewayConfig().auth_token_file is None
+
+
 # ---- the real built-in servers (issue 6), each from its own venv --------------------------------------------
 BUILTIN = ["babyai", "sciworld", "textcraft", "alfworld", "searchqa"]
 SERVER_ARGS = {"alfworld": ["--games", "tests/fixtures/alfworld"]}  # the small games the project ships
