@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     from make_itemids import write_item_rows
     from cope_rlhf.local.sft import train as sft
     from make_tiny_model import main as make_tiny_model
-    from tests.env_server_proc import EnvServerProcess
+    from env_gateway.servers.process import EnvServerProcess
     from tqdm import tqdm
 
     data = os.path.join(args.out, "data")

@@ -1,11 +1,7 @@
-"""Run a built-in environment server as a subprocess from its own venv, and talk to it over HTTP.
-
-``EnvServerProcess(name, *args)`` starts ``.venvs/<name>/bin/python -m env_gateway.servers.<name> --host 127.0.0.1
---port <free port> *args`` with the repository root as cwd, waits (bounded) until ``GET /`` answers, and kills the
-process on exit. ``call`` is a stdlib-only JSON client with a timeout on every request. Episode helpers
-(``expert_episode``, ``replay``, ``check_no_cross_talk``) drive the AgentGym protocol. The pytest helpers
-(``require_venv``, ``server_fixture``) skip with a clear reason when the venv has not been built. Stdlib + pytest
-only, so scripts (make_demos) and every test module can share it.
+"""The tests' side of the built-in env servers: ``EnvServerProcess`` and ``call`` (env_gateway/servers/process.py,
+shared with the scripts), episode helpers that drive the AgentGym protocol (``expert_episode``, ``replay``,
+``check_no_cross_talk``, ``check_crafted_actions``), and pytest helpers (``require_venv``, ``server_fixture``) that
+skip with a clear reason when a server's venv has not been built.
 """
 
 from __future__ import annotations
@@ -23,104 +19,15 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def venv_python(name: str) -> str:
-    return os.path.join(ROOT, ".venvs", name, "bin", "python")
+from env_gateway.servers.process import (ROOT, EnvServerProcess, call, log_tail, stop_process,  # noqa: F401
+                                       venv_python)
 
 
 def free_port() -> int:
+    """A port free now (for a server a test starts that cannot bind port 0 itself)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def call(base_url: str, method: str, path: str, body: dict | bytes | None = None, timeout: float = 30.0,
-         content_type: str = "application/json") -> tuple[int, Any]:
-    """One JSON request (``bytes`` are sent as they are); returns (status, decoded body). HTTP errors are returned,
-    not raised."""
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base_url + path, data=data, method=method, headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw)
-        except json.JSONDecodeError:
-            return e.code, raw.decode(errors="replace")
-
-
-def stop_process(proc: subprocess.Popen | None) -> None:
-    """SIGTERM, then SIGKILL after 10 s; a no-op for a process that never started or already ended."""
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def log_tail(log) -> str:
-    """The last 5000 characters a subprocess wrote to its log file."""
-    log.seek(0)
-    return log.read().decode(errors="replace")[-5000:]
-
-
-class EnvServerProcess:
-    """A server subprocess bound to 127.0.0.1 on a free port; use as a context manager."""
-
-    def __init__(self, name: str, *args: str, python: str | None = None, startup_timeout: float = 60.0):
-        self.name, self.args = name, list(args)
-        self.python = python or venv_python(name)
-        self.startup_timeout = startup_timeout
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-        self.log = tempfile.TemporaryFile()
-
-    def __enter__(self) -> "EnvServerProcess":
-        if not os.path.exists(self.python):
-            raise FileNotFoundError(f"{self.python} not found: run `bash scripts/setup_env.sh {self.name}` first")
-        cmd = [self.python, "-m", f"env_gateway.servers.{self.name}", "--host", "127.0.0.1",
-               "--port", str(self.port), *self.args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if call(self.url, "GET", "/", timeout=2)[0] == 200:
-                    return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"{self.name} server did not answer GET / within {self.startup_timeout}s:\n{self.output()}")
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-    def output(self) -> str:
-        return log_tail(self.log)
-
-    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float = 30.0,
-             content_type: str = "application/json") -> tuple[int, Any]:
-        return call(self.url, method, path, body, timeout, content_type)
-
-    def ok(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
-        """A request that must succeed: raises with the server's error body otherwise."""
-        status, out = call(self.url, method, path, body, timeout)
-        if status != 200:
-            raise AssertionError(f"{method} {path} {body} -> {status} {out}")
-        return out
 
 
 def expert_episode(server: EnvServerProcess, data_idx: int, max_turns: int = 200

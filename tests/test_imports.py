@@ -136,3 +136,17 @@ def test_compat_import_is_cheap():
     code = "import sys, cope_rlhf.compat; print('torch' in sys.modules, 'flash_attn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_what_users_run_never_imports_the_tests():
+    """The product (cope_rlhf, env_gateway, agent_funcs, scripts) runs from a checkout without tests/ on the path."""
+    offenders = []
+    for folder in ("cope_rlhf", "env_gateway", "agent_funcs", "scripts"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    text = open(path, encoding="utf-8").read()
+                    if re.search(r"^\s*(from tests[. ]|import tests\b)", text, re.MULTILINE):
+                        offenders.append(os.path.relpath(path, ROOT))
+    assert offenders == []

@@ -36,6 +36,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -368,7 +369,8 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=f"python -m env_gateway.servers.{server_cls.name}",
                                      description=f"AgentGym-protocol {server_cls.name} environment server")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="0: any free port (the log's 'listening on' line "
+                        "says which)")
     parser.add_argument("--max-instances", type=int, default=256)
     parser.add_argument("--workers", type=int, default=8, help="threads that run blocking env calls")
     parser.add_argument("--instance-ttl", type=float, default=server_cls.instance_ttl,
@@ -383,6 +385,10 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
     extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "log_level", "instance_ttl")}
     server = server_cls(**extra)
     server.instance_ttl = args.instance_ttl
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))  # bound here, so the log names the port --port 0 got
+    port = sock.getsockname()[1]
     # run_app turns SIGINT and SIGTERM into a graceful shutdown, which closes every instance.
-    web.run_app(server.app(), host=args.host, port=args.port, print=lambda *_: log.info(
-        "%s server listening on http://%s:%d", server_cls.name, args.host, args.port))
+    web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
+        "%s server listening on http://%s:%d", server_cls.name, args.host, port))

@@ -1,0 +1,131 @@
+"""A built-in environment server as a subprocess from its own venv, and a stdlib JSON client for it.
+
+    with EnvServerProcess("babyai") as server:        # .venvs/babyai/bin/python -m env_gateway.servers.babyai
+        env_id = server.ok("POST", "/create")["id"]   #   --host 127.0.0.1 --port 0, cwd = the repository root
+
+The server binds a free port itself (``--port 0``) and logs it ("listening on http://127.0.0.1:PORT"); the port is
+read from that line, so no other process can take it between choosing and binding. Start-up is bounded
+(``startup_timeout``: the server must log its port and answer ``GET /``), and the process is stopped on exit
+(SIGTERM, SIGKILL after 10 s), also when the block raises. ``call`` sends one JSON request with a timeout and returns
+(status, decoded body), HTTP errors included. Stdlib only: scripts (make_demos, prepare_warm_start), benchmarks and
+tests share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
+
+
+def venv_python(name: str) -> str:
+    return os.path.join(ROOT, ".venvs", name, "bin", "python")
+
+
+def call(base_url: str, method: str, path: str, body: dict | bytes | None = None, timeout: float = 30.0,
+         content_type: str = "application/json") -> tuple[int, Any]:
+    """One JSON request (``bytes`` are sent as they are); returns (status, decoded body). HTTP errors are returned,
+    not raised."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base_url + path, data=data, method=method, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except json.JSONDecodeError:
+            return e.code, raw.decode(errors="replace")
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 10 s; a no-op for a process that never started or already ended."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def log_tail(log) -> str:
+    """The last 5000 characters a subprocess wrote to its log file."""
+    log.seek(0)
+    return log.read().decode(errors="replace")[-5000:]
+
+
+class EnvServerProcess:
+    """A server subprocess on 127.0.0.1, on the port it chose; use as a context manager."""
+
+    def __init__(self, name: str, *args: str, python: str | None = None, startup_timeout: float = 60.0):
+        self.name, self.args = name, list(args)
+        self.python = python or venv_python(name)
+        self.startup_timeout = startup_timeout
+        self.port: int | None = None
+        self.url = ""
+        self.proc: subprocess.Popen | None = None
+        self.log = tempfile.TemporaryFile()
+
+    def __enter__(self) -> "EnvServerProcess":
+        if not os.path.exists(self.python):
+            raise FileNotFoundError(f"{self.python} not found: run `bash scripts/setup_env.sh {self.name}` first")
+        cmd = [self.python, "-m", f"env_gateway.servers.{self.name}", "--host", "127.0.0.1", "--port", "0",
+               *self.args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(time.monotonic() + self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}:\n{self.output()}")
+            if self.port is None:
+                self.log.seek(0)
+                found = LISTENING.search(self.log.read())
+                if found:
+                    self.port = int(found.group(1))
+                    self.url = f"http://127.0.0.1:{self.port}"
+            if self.port is not None:
+                try:
+                    if call(self.url, "GET", "/", timeout=2)[0] == 200:
+                        return
+                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                    pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} server did not {'answer GET /' if self.port else 'log its port'} within "
+                           f"{self.startup_timeout}s:\n{self.output()}")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+    def output(self) -> str:
+        return log_tail(self.log)
+
+    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float = 30.0,
+             content_type: str = "application/json") -> tuple[int, Any]:
+        return call(self.url, method, path, body, timeout, content_type)
+
+    def ok(self, method: str, path: str, body: dict | None = None, timeout: float = 30.0) -> Any:
+        """A request that must succeed: raises with the server's error body otherwise."""
+        status, out = call(self.url, method, path, body, timeout)
+        if status != 200:
+            raise AssertionError(f"{method} {path} {body} -> {status} {out}")
+        return out
