@@ -282,6 +282,7 @@ def bound_placement_groups() -> None:
             for bundle in self.bundle_specs:
                 for key, value in bundle.items():
                     asked[key] = asked.get(key, 0) + value
+            asked = dict(sorted(asked.items()))
             raise SystemExit(f"Ray could not place {len(self.bundle_specs)} bundles ({asked} in all) within "
                              f"{timeout:g}s (RAY_PG_TIMEOUT_S); free in the cluster: {ray.available_resources()}. "
                              "Add nodes (scripts/ray_cluster_worker.sh) or ask for fewer GPUs")

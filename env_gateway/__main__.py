@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import socket
 import sys
 from dataclasses import fields
 
@@ -94,11 +95,14 @@ def main(argv: list[str] | None = None) -> None:
     envs = ", ".join(f"{p.name}[{p.adapter_cls.name}]x{len(p.replicas)}" for p in gateway.pools.values())
     # A deep accept backlog: a rollout opens hundreds of connections at once, and SYNs dropped from a
     # short queue come back only after a 1 s retransmit.
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cfg.host, cfg.port))  # bound here, so the log names the port --port 0 got
+    port = sock.getsockname()[1]
     # keepalive_timeout: aiohttp closes a connection that has not sent a whole request's headers by then (a fresh
     # one, an idle keep-alive one, or a slow sender); read_json bounds the body.
-    web.run_app(app, host=cfg.host, port=cfg.port, loop=loop, access_log=None, backlog=4096,
-                keepalive_timeout=cfg.read_timeout,
-                print=lambda *_: log.info("gateway listening on http://%s:%d (%s)", cfg.host, cfg.port, envs))
+    web.run_app(app, sock=sock, loop=loop, access_log=None, backlog=4096, keepalive_timeout=cfg.read_timeout,
+                print=lambda *_: log.info("gateway listening on http://%s:%d (%s)", cfg.host, port, envs))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def setting(default: Any, help: str) -> Any:
 @dataclass
 class GatewayConfig:
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface; then set --auth-token-file)")
-    port: int = setting(8800, "port to listen on")
+    port: int = setting(8800, "port to listen on (0: any free port; the log's 'listening on' line says which)")
     max_sessions: int = setting(4096, "open sessions, all envs together")
     session_ttl: float = setting(900.0, "idle seconds before a session is closed")
     request_timeout: float = setting(60.0, "seconds per backend call")

@@ -1,5 +1,5 @@
-"""Test stack for the agent funcs: the real gateway subprocess, expert rollouts on the real env servers, and a
-scripted stand-in for the rollout engine.
+"""Test stack for the agent funcs: the flags of the gateway their tests start (tests/gateway_proc.py), expert
+rollouts on the real env servers, and a scripted stand-in for the rollout engine.
 
 ``ScriptedEngine`` is a stand-in for the vLLM engine (no model runs here): it has the ``generate(token_ids,
 sampling_params, multi_modal_data=None)`` surface OpenRLHF's ``MultiTurnAgentExecutor`` calls on
@@ -16,17 +16,13 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-import subprocess
-import tempfile
-import time
 from types import SimpleNamespace
 from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from tests.env_server_proc import ROOT, call, free_port, log_tail, stop_process
+from tests.env_server_proc import ROOT, call
 
-MAIN_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 AGENT_ENV_VARS = ("COPE_GATEWAY_URL", "MAX_TURNS", "HORIZON_SCHEDULE", "HORIZON_STAGE_STEPS",  # what agent funcs read
                   "COPE_TRAIN_STEP_FILE", "HORIZON_EPISODES_PER_STEP", "EPISODE_TIMEOUT_S", "ENV_CALL_TIMEOUT_S",
                   "COPE_GATEWAY_TOKEN_FILE")
@@ -110,43 +106,9 @@ def expert_rollout(server_url: str, item: int, max_steps: int = 60) -> tuple[lis
         call(server_url, "POST", "/close", {"id": sid})
 
 
-class GatewayProcess:
-    """``python -m env_gateway`` on a free 127.0.0.1 port, for ``--env NAME=URL`` pairs; killed on exit."""
-
-    def __init__(self, envs: dict[str, str], *extra: str, startup_timeout: float = 30.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [MAIN_PYTHON, "-m", "env_gateway", "--host", "127.0.0.1", "--port", str(self.port),
-                    "--request-timeout", "20", "--health-interval", "1", "--no-uvloop", *extra]
-        for name, url in envs.items():
-            self.cmd += ["--env", f"{name}={url}"]
-        self.startup_timeout = startup_timeout
-        self.log = tempfile.TemporaryFile()
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "GatewayProcess":
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if call(self.url, "GET", "/v1/health", timeout=2)[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise TimeoutError(f"gateway did not become healthy within {self.startup_timeout}s:\n{self.output()}")
-
-    def __exit__(self, *exc: Any) -> None:
-        stop_process(self.proc)
-
-    def output(self) -> str:
-        return log_tail(self.log)
-
-    def open_sessions(self) -> int:
-        return call(self.url, "GET", "/v1/health", timeout=5)[1]["open_sessions"]
+# The gateway the agent-func tests start (tests/gateway_proc.GatewayProcess): quick health checks, so a killed server
+# leaves rotation fast; backend calls bounded well under the tests' own timeouts.
+TEST_GATEWAY_FLAGS = ("--request-timeout", "20", "--health-interval", "1", "--no-uvloop")
 
 
 def server_module_exists(name: str) -> bool:

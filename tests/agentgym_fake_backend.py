@@ -30,9 +30,11 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from typing import Any, AsyncIterator
@@ -274,25 +276,33 @@ class FakeBackendProcess:
     """The fake backend as a subprocess (so it can be killed like a real replica). Context manager."""
 
     def __init__(self, *args: str, port: int | None = None, startup_timeout: float = 20.0):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = port  # None: the port the process binds itself (--port 0) and prints; given: to come back on it
+        self.url = f"http://127.0.0.1:{port}" if port else ""
         self.args, self.startup_timeout = list(args), startup_timeout
         self.proc: subprocess.Popen | None = None
+        self.log = tempfile.TemporaryFile()
 
     def start(self) -> "FakeBackendProcess":
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.agentgym_fake_backend", "--port", str(self.port),
-                                      *self.args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.agentgym_fake_backend", "--port", str(self.port or 0),
+                                      *self.args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
+            self.log.seek(0)
+            output = self.log.read()
             if self.proc.poll() is not None:
-                raise RuntimeError(f"fake backend exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/", timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.05)
+                raise RuntimeError(f"fake backend exited: {output.decode(errors='replace')[-2000:]}")
+            found = re.search(rb"listening on http://127\.0\.0\.1:(\d+)", output)
+            if found:
+                self.port = int(found.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
+                try:
+                    with urllib.request.urlopen(self.url + "/", timeout=1):
+                        return self
+                except OSError:
+                    pass
+            time.sleep(0.05)
         self.kill()
-        raise TimeoutError(f"fake backend on {self.url} did not start within {self.startup_timeout}s")
+        raise TimeoutError(f"fake backend did not start within {self.startup_timeout}s")
 
     def stats(self) -> dict:
         with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:
@@ -313,7 +323,7 @@ class FakeBackendProcess:
 def main() -> None:
     p = argparse.ArgumentParser(description="fake AgentGym-protocol env server (tests and benchmarks only)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, required=True, help="0: any free port (printed to stderr)")
     p.add_argument("--variant", default="agentgym", choices=VARIANTS)
     p.add_argument("--delay", type=float, default=0.0, help="seconds of simulated work per reset/step")
     p.add_argument("--episode-len", type=int, default=5)
@@ -324,7 +334,11 @@ def main() -> None:
         import uvloop
         loop = uvloop.new_event_loop()
     backend = FakeBackend(args.variant, delay=args.delay, episode_len=args.episode_len)
-    web.run_app(backend.app(), host=args.host, port=args.port, access_log=None, print=None, loop=loop, backlog=4096)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))  # --port 0: any free port, printed below
+    print(f"fake backend listening on http://{args.host}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
+    web.run_app(backend.app(), sock=sock, access_log=None, print=None, loop=loop, backlog=4096)
 
 
 if __name__ == "__main__":

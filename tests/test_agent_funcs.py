@@ -21,9 +21,10 @@ import time
 import pytest
 
 from agent_funcs.base import INVALID_ACTION, TurnLimit, parse_react_action
-from tests.agent_funcs_stack import (AGENT_ENV_VARS, GatewayProcess, ScriptedEngine, expert_rollout, load_agent_func,
+from tests.agent_funcs_stack import (AGENT_ENV_VARS, TEST_GATEWAY_FLAGS, ScriptedEngine, expert_rollout, load_agent_func,
                                      react, run_episode, server_module_exists)
 from tests.env_server_proc import EnvServerProcess, call, free_port, venv_python
+from tests.gateway_proc import GatewayProcess
 
 # env -> (item id, server args): short expert episodes, so the module stays fast
 ENVS = {
@@ -50,7 +51,7 @@ def stack(request):
     env = request.param
     require_env(env)
     with EnvServerProcess(env, *ENVS[env][1], startup_timeout=90) as server:
-        with GatewayProcess({env: server.url}) as gateway:
+        with GatewayProcess(*TEST_GATEWAY_FLAGS, envs={env: server.url}) as gateway:
             yield env, server, gateway
 
 
@@ -149,7 +150,7 @@ def test_horizon_schedule_ends_the_episode_at_the_stage_horizon(stack, tok, gate
 def searchqa_alone():
     require_env("searchqa")
     with EnvServerProcess("searchqa", startup_timeout=90) as server:
-        with GatewayProcess({"searchqa": server.url}) as gateway:
+        with GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"searchqa": server.url}) as gateway:
             yield server, gateway
 
 
@@ -157,7 +158,7 @@ def searchqa_alone():
 def doomed_searchqa():
     require_env("searchqa")
     with EnvServerProcess("searchqa", startup_timeout=90) as server:
-        with GatewayProcess({"searchqa": server.url}) as gateway:
+        with GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"searchqa": server.url}) as gateway:
             yield server, gateway
 
 

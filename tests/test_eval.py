@@ -65,9 +65,10 @@ def test_avg_at_k_and_summary():
 @pytest.fixture(scope="module")
 def babyai_gateway():
     require_venv("babyai")
-    from tests.agent_funcs_stack import GatewayProcess
+    from tests.agent_funcs_stack import TEST_GATEWAY_FLAGS
+    from tests.gateway_proc import GatewayProcess
 
-    with EnvServerProcess("babyai") as server, GatewayProcess({"babyai": server.url}) as gateway:
+    with EnvServerProcess("babyai") as server, GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"babyai": server.url}) as gateway:
         yield server, gateway
 
 

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from env_gateway.client import GatewayClient
-from tests.agentgym_fake_backend import ROOT, FakeBackendProcess, free_port
+from tests.agentgym_fake_backend import ROOT, FakeBackendProcess
 from tests.env_server_proc import EnvServerProcess, venv_python
+from tests.gateway_proc import GatewayProcess
 from tests.test_gateway import gateway, play, run
 
 pytestmark = pytest.mark.timeout(90)
@@ -30,48 +31,6 @@ def get(url: str, timeout: float = 5) -> tuple[int, Any]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-class GatewayProcess:
-    """``python -m env_gateway`` on a free port; waits until /v1/health answers; SIGTERM on exit."""
-
-    def __init__(self, *args: str, ready: str = "answers", startup_timeout: float = 30):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "env_gateway", "--port", str(self.port), *args],
-                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                status, _ = get(self.url + "/v1/health", timeout=1)
-                if ready == "answers" or status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"gateway not {ready} within {startup_timeout}s:\n{self.output()}")
-
-    def output(self) -> str:
-        return self.proc.stdout.read().decode(errors="replace")[-4000:] if self.proc.poll() is not None else ""
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return self.proc.returncode
-
-    def __enter__(self) -> "GatewayProcess":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def test_config_file_episode_and_clean_shutdown(tmp_path):

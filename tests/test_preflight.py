@@ -16,7 +16,7 @@ from cope_rlhf import preflight
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from tests.agentgym_fake_backend import FakeBackendProcess
 from tests.conftest import ROOT, write_jsonl
-from tests.test_gateway_cli import GatewayProcess
+from tests.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.timeout(120)
 CPU = ["--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo", "--vllm.enforce_eager"]
@@ -203,7 +203,7 @@ def test_a_placement_group_that_cannot_be_placed_stops_the_run(monkeypatch):
         preflight.bound_placement_groups()
         pg = placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK")
         t0 = time.monotonic()
-        with pytest.raises(SystemExit, match=r"could not place 1 bundles \({'GPU': 1.0, 'CPU': 1.0} in all\) "
+        with pytest.raises(SystemExit, match=r"could not place 1 bundles \({'CPU': 1.0, 'GPU': 1.0} in all\) "
                                              r"within 2s \(RAY_PG_TIMEOUT_S\)"):
             ray.get(pg.ready())
         assert time.monotonic() - t0 < 10

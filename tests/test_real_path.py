@@ -43,11 +43,12 @@ VLLM_KL_BOUND = 1e-3  # seen: |vllm_kl| <= 2.4e-4 with the broadcast; 6.4e-3 at 
 
 @pytest.fixture(scope="module")
 def gateway():
-    from tests.agent_funcs_stack import GatewayProcess
+    from tests.agent_funcs_stack import TEST_GATEWAY_FLAGS
+    from tests.gateway_proc import GatewayProcess
     from tests.env_server_proc import EnvServerProcess, require_venv
 
     require_venv("babyai")
-    with EnvServerProcess("babyai") as server, GatewayProcess({"babyai": server.url}) as gateway:
+    with EnvServerProcess("babyai") as server, GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"babyai": server.url}) as gateway:
         yield gateway
 
 
