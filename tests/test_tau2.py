@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 
@@ -22,7 +23,7 @@ import pytest
 
 from env_gateway.servers.tau2 import STOP_TOOL, Tau2Server, ToolCall, parse_hermes, read_key, shape_reward
 from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode, serve_app
-from tests.env_server_proc import ROOT, call, free_port
+from tests.env_server_proc import ROOT, call, stop_process
 from tests.tiny_hf import tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -274,25 +275,26 @@ def test_server_reads_its_key_from_a_file_and_never_shows_it(tmp_path):
     assert read_key(str(key_file)) == key
     with pytest.raises(SystemExit, match="API key file: no file"):
         read_key(str(tmp_path / "absent"))
-    port = free_port()
-    cmd = [os.path.join(ROOT, ".venv", "bin", "python"), "-m", "env_gateway.servers.tau2", "--port", str(port),
+    cmd = [os.path.join(ROOT, ".venv", "bin", "python"), "-m", "env_gateway.servers.tau2", "--port", "0",
            "--user-model", "openai/user", "--user-base-url", "http://127.0.0.1:9/v1", "--user-key-file", str(key_file)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if call(url, "GET", "/", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+        url, deadline = None, time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text(errors="replace"))
+            if found and call(found.group(1), "GET", "/", timeout=2)[0] == 200:
+                url = found.group(1)
+                break
+            time.sleep(0.1)
+        assert url, log.read_text(errors="replace")[-3000:]
         idx = call(url, "POST", "/create", {})[1]
         status, body = call(url, "POST", "/reset", {"env_idx": idx, "session_id": "retail/0"})
         if importlib.util.find_spec("tau2") is None:  # the real failure mode where the package is absent
             assert status == 500 and "sierra-research/tau2-bench" in body["detail"] and "c5b2d22" in body["detail"]
     finally:
-        proc.terminate()
-        out = proc.communicate(timeout=10)[0].decode()
+        stop_process(proc)
+    out = log.read_text(errors="replace")
     assert key not in out and key not in " ".join(cmd)
     assert "openai/user" in out  # the log does name the user model
 

@@ -40,6 +40,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -362,7 +363,7 @@ def read_key(path: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m env_gateway.servers.tau2", description="τ²-bench env server")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--port", type=int, default=8011, help="0: any free port (the log's 'listening on' line says which)")
     p.add_argument("--user-model", required=True, help="the user simulator's model, as litellm names it (for an "
                    "OpenAI-compatible server: openai/<served model name>)")
     p.add_argument("--user-base-url", required=True, help="OpenAI-compatible base URL of the user model, e.g. "
@@ -382,8 +383,12 @@ def main(argv: list[str] | None = None) -> None:
                 "temperature": args.user_temperature}
     server = Tau2Server(RealTau2(args.user_model, llm_args), args.reward_shape, args.max_errors, args.max_instances,
                         args.workers, args.instance_ttl)
-    web.run_app(server.app(), host=args.host, port=args.port, print=lambda *_: log.info(
-        "tau2 server on http://%s:%d (user model %s at %s, reward %s)", args.host, args.port, args.user_model,
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))  # bound here, so the log names the port --port 0 got
+    port = sock.getsockname()[1]
+    web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
+        "tau2 server listening on http://%s:%d (user model %s at %s, reward %s)", args.host, port, args.user_model,
         args.user_base_url, args.reward_shape))
 
 
