@@ -35,11 +35,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from typing import Any, AsyncIterator
 
 from aiohttp import web
+
+from env_gateway.servers.process import call, wait_listening
 
 VARIANTS = ("agentgym", "sciworld", "alfworld", "searchqa", "webshop", "webarena", "gym")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -285,24 +286,15 @@ class FakeBackendProcess:
     def start(self) -> "FakeBackendProcess":
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.agentgym_fake_backend", "--port", str(self.port or 0),
                                       *self.args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            self.log.seek(0)
-            output = self.log.read()
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"fake backend exited: {output.decode(errors='replace')[-2000:]}")
-            found = re.search(rb"listening on http://127\.0\.0\.1:(\d+)", output)
-            if found:
-                self.port = int(found.group(1))
-                self.url = f"http://127.0.0.1:{self.port}"
-                try:
-                    with urllib.request.urlopen(self.url + "/", timeout=1):
-                        return self
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        self.kill()
-        raise TimeoutError(f"fake backend did not start within {self.startup_timeout}s")
+        try:
+            self.url = wait_listening(self.proc, self.log, re.compile(rb"listening on http://127\.0\.0\.1:(\d+)"),
+                                      lambda url: call(url, "GET", "/", timeout=1)[0] == 200,
+                                      "fake backend", self.startup_timeout)
+        except BaseException:
+            self.kill()
+            raise
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return self
 
     def stats(self) -> dict:
         with urllib.request.urlopen(self.url + "/stats", timeout=5) as r:

@@ -13,10 +13,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-from env_gateway.servers.process import ROOT, call, log_tail
+from env_gateway.servers.process import ROOT, call, log_tail, wait_listening
 
 LISTENING = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
 
@@ -29,32 +28,13 @@ class GatewayProcess:
             cmd += ["--env", f"{name}={url}"]
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        self.port: int | None = None
-        self.url = ""
         try:
-            self._wait(ready, time.monotonic() + startup_timeout, startup_timeout)
+            self.url = wait_listening(self.proc, self.log, LISTENING, lambda url: call(
+                url, "GET", "/v1/health", timeout=2)[0] == 200 or ready == "answers", "gateway", startup_timeout)
         except BaseException:
             self.stop()
             raise
-
-    def _wait(self, ready: str, deadline: float, startup_timeout: float) -> None:
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.output()}")
-            if self.port is None:
-                self.log.seek(0)
-                found = LISTENING.search(self.log.read())
-                if found:
-                    self.port = int(found.group(1))
-                    self.url = f"http://127.0.0.1:{self.port}"
-            if self.port is not None:
-                try:
-                    if call(self.url, "GET", "/v1/health", timeout=2)[0] == 200 or ready == "answers":
-                        return
-                except OSError:
-                    pass
-            time.sleep(0.1)
-        raise TimeoutError(f"gateway not {ready} within {startup_timeout}s:\n{self.output()}")
+        self.port = int(self.url.rsplit(":", 1)[1])
 
     def output(self) -> str:
         return log_tail(self.log)

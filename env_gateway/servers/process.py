@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
@@ -65,6 +65,29 @@ def log_tail(log) -> str:
     return log.read().decode(errors="replace")[-5000:]
 
 
+def wait_listening(proc: subprocess.Popen, log, pattern: re.Pattern, ready: Callable[[str], bool], what: str,
+                   timeout: float) -> str:
+    """The URL of a server ``proc`` started with ``--port 0``, once it has logged the port it bound (``pattern``'s
+    group 1, in the ``log`` file) and ``ready(url)`` holds. RuntimeError (with the log) if it exits first;
+    TimeoutError after ``timeout`` seconds."""
+    deadline, url = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log_tail(log)}")
+        if url is None:
+            log.seek(0)
+            found = pattern.search(log.read())
+            url = f"http://127.0.0.1:{int(found.group(1))}" if found else None
+        try:
+            if url is not None and ready(url):
+                return url
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not {'become ready' if url else 'log its port'} within {timeout}s:\n"
+                       f"{log_tail(log)}")
+
+
 class EnvServerProcess:
     """A server subprocess on 127.0.0.1, on the port it chose; use as a context manager."""
 
@@ -84,31 +107,13 @@ class EnvServerProcess:
                *self.args]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            self._wait_ready(time.monotonic() + self.startup_timeout)
+            self.url = wait_listening(self.proc, self.log, LISTENING, lambda url: call(url, "GET", "/", timeout=2)[0]
+                                      == 200, f"{self.name} server", self.startup_timeout)
         except BaseException:
             self.stop()
             raise
+        self.port = int(self.url.rsplit(":", 1)[1])
         return self
-
-    def _wait_ready(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}:\n{self.output()}")
-            if self.port is None:
-                self.log.seek(0)
-                found = LISTENING.search(self.log.read())
-                if found:
-                    self.port = int(found.group(1))
-                    self.url = f"http://127.0.0.1:{self.port}"
-            if self.port is not None:
-                try:
-                    if call(self.url, "GET", "/", timeout=2)[0] == 200:
-                        return
-                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                    pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name} server did not {'answer GET /' if self.port else 'log its port'} within "
-                           f"{self.startup_timeout}s:\n{self.output()}")
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
