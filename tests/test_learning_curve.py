@@ -18,7 +18,7 @@ import learning_curve  # noqa: E402
 def test_the_study_runs_the_quickstart_recipe():
     """Every recipe flag (and its value) appears in the quickstart's train step, so the two cannot drift apart."""
     script = open(os.path.join(ROOT, "scripts", "quickstart.sh")).read()
-    train = script[script.index("step train"):script.index("$COPE_FLAGS")]
+    train = script[script.index("step train"):script.index("\"${COPE_FLAGS[@]}\"")]
     flags = " ".join(re.sub(r"\\\n\s*", " ", train).split())
     recipe, i = learning_curve.RECIPE, 0
     while i < len(recipe):
