@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import gc
 import logging
-import socket
 import sys
 from dataclasses import fields
 
@@ -15,6 +14,7 @@ from aiohttp import web
 from env_gateway.config import (ConfigError, EnvConfig, GatewayConfig, load_yaml, parse_env_flag, parse_spawn_flag,
                                 scalar_settings)
 from env_gateway.server import Gateway
+from env_gateway.servers._base import bound_socket
 from env_gateway.spawn import Supervisor
 
 log = logging.getLogger("env_gateway")
@@ -95,10 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     envs = ", ".join(f"{p.name}[{p.adapter_cls.name}]x{len(p.replicas)}" for p in gateway.pools.values())
     # A deep accept backlog: a rollout opens hundreds of connections at once, and SYNs dropped from a
     # short queue come back only after a 1 s retransmit.
-    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((cfg.host, cfg.port))  # bound here, so the log names the port --port 0 got
-    port = sock.getsockname()[1]
+    sock, port = bound_socket(cfg.host, cfg.port)  # the log names the port --port 0 got
     # keepalive_timeout: aiohttp closes a connection that has not sent a whole request's headers by then (a fresh
     # one, an idle keep-alive one, or a slow sender); read_json bounds the body.
     web.run_app(app, sock=sock, loop=loop, access_log=None, backlog=4096, keepalive_timeout=cfg.read_timeout,

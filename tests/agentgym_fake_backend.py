@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
+from env_gateway.servers._base import bound_socket
 from env_gateway.servers.process import call, wait_listening
 
 VARIANTS = ("agentgym", "sciworld", "alfworld", "searchqa", "webshop", "webarena", "gym")
@@ -326,10 +327,8 @@ def main() -> None:
         import uvloop
         loop = uvloop.new_event_loop()
     backend = FakeBackend(args.variant, delay=args.delay, episode_len=args.episode_len)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))  # --port 0: any free port, printed below
-    print(f"fake backend listening on http://{args.host}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
+    sock, port = bound_socket(args.host, args.port)  # --port 0: any free port, printed below
+    print(f"fake backend listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
     web.run_app(backend.app(), sock=sock, access_log=None, print=None, loop=loop, backlog=4096)
 
 

@@ -140,6 +140,15 @@ def json_errors(env_name: str) -> Callable:
     return errors
 
 
+def bound_socket(host: str, port: int) -> tuple[socket.socket, int]:
+    """A socket bound to (host, port) for ``web.run_app(sock=...)``, and its port: bound before serving, so a server
+    started with ``--port 0`` can log the port it got (the gateway, every env server, the tests' fake backend)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock, sock.getsockname()[1]
+
+
 def integer_field(raw: Any, name: str, error: str) -> int:
     """``raw`` as an int: a JSON integer, or ASCII digits (query strings). Not true, 1.9 or "1e3", which ``int``
     would turn into some other instance or item: those are a 400 ``error``."""
@@ -385,10 +394,7 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
     extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "log_level", "instance_ttl")}
     server = server_cls(**extra)
     server.instance_ttl = args.instance_ttl
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))  # bound here, so the log names the port --port 0 got
-    port = sock.getsockname()[1]
+    sock, port = bound_socket(args.host, args.port)  # the log names the port --port 0 got
     # run_app turns SIGINT and SIGTERM into a graceful shutdown, which closes every instance.
     web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
         "%s server listening on http://%s:%d", server_cls.name, args.host, port))

@@ -40,7 +40,6 @@ import itertools
 import json
 import logging
 import os
-import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -49,8 +48,8 @@ from typing import Any, Callable, Protocol
 
 from aiohttp import web
 
-from env_gateway.servers._base import (RequestError, integer_field, json_body, json_errors, read_secret_file,
-                                       reap_idle, short)
+from env_gateway.servers._base import (RequestError, bound_socket, integer_field, json_body, json_errors,
+                                       read_secret_file, reap_idle, short)
 
 log = logging.getLogger("env_gateway.servers.tau2")
 
@@ -383,10 +382,7 @@ def main(argv: list[str] | None = None) -> None:
                 "temperature": args.user_temperature}
     server = Tau2Server(RealTau2(args.user_model, llm_args), args.reward_shape, args.max_errors, args.max_instances,
                         args.workers, args.instance_ttl)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))  # bound here, so the log names the port --port 0 got
-    port = sock.getsockname()[1]
+    sock, port = bound_socket(args.host, args.port)  # the log names the port --port 0 got
     web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
         "tau2 server listening on http://%s:%d (user model %s at %s, reward %s)", args.host, port, args.user_model,
         args.user_base_url, args.reward_shape))
