@@ -133,12 +133,12 @@ def eval_command(env: str, model: str, items: str, folder: str, name: str, gatew
     (the env's training turn limit, read by the agent func as MAX_TURNS)."""
     import torch
 
-    from cope_rlhf.local.rollout import engine_env
+    from cope_rlhf.cpu_vllm import vllm_cpu_env
 
     file, sampling = EVALS[name]
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "eval.py"), "--env", env, "--model", model, "--items", items,
            *sampling, *EVAL_BUDGET, *EVAL_ENGINE, "--gateway", gateway, "--out", os.path.join(folder, file)]
-    return cmd, {**os.environ, **engine_env(torch.cuda.is_available()), "MAX_TURNS": str(TURNS[env])}
+    return cmd, {**os.environ, **({} if torch.cuda.is_available() else vllm_cpu_env()), "MAX_TURNS": str(TURNS[env])}
 
 
 def evaluate(env: str, model: str, folder: str, items: str, gateway: str, names=tuple(EVALS)) -> dict[str, dict]:
@@ -179,8 +179,12 @@ def read_run(out: str) -> dict:
     from cope_rlhf.tb_scalars import read_scalars
 
     scalars = read_scalars(os.path.join(out, "tb"))
-    rollout, update = scalars["rollout/time_s"], scalars["train/time_s"]
-    return {"eval": scalars["eval/success_rate"], "step_s": [rollout[s] + update[s] for s in rollout if s in update]}
+    if "train/timing/step_total" in scalars:  # OpenRLHF's own step timing (one driver, after commit 6e0d933)
+        step_s = list(scalars["train/timing/step_total"].values())
+    else:  # runs of the retired local loop: rollout and update timed apart
+        rollout, update = scalars["rollout/time_s"], scalars["train/time_s"]
+        step_s = [rollout[s] + update[s] for s in rollout if s in update]
+    return {"eval": scalars["eval/success_rate"], "step_s": step_s}
 
 
 HEADER = ["| env | config | seeds | held-out success before | after the last step (mean ± 95%) "

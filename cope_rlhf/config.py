@@ -5,6 +5,8 @@ defaults turn every signal off, so a run without CoPE settings is OpenRLHF's sto
 ``ACTION_FORECAST_ENABLE``, ``TE_ENABLE``, ``GRPO_FILTER_DEGENERATE`` false and ``INFO_INTRINSIC_WEIGHT`` 0.
 ``BRANCH_PACK`` (default on) is no signal: it picks how the signals are computed (``cope_rlhf.branches``: one
 forward per trajectory with the turns as branches, instead of one forward per turn), with the same values.
+``EVAL_FIRST_AND_LAST`` and ``EVAL_DISPATCH_SIZE`` are no signals either: when and how the held-out set is
+evaluated (``cope_rlhf.ppo_trainer``).
 
 Every variable, its default, range and meaning: docs/METHOD.md. Every value is checked when it is read; a bad one
 raises ``CoPEConfigError`` naming the variable (or flag)
@@ -92,6 +94,8 @@ class CoPEConfig:
     info_kl_batch: int = 2  # trajectories (per-turn path: rows) per forward when computing information gain
     grpo_filter_degenerate: bool = False
     branch_pack: bool = True  # how the signals are computed, not a signal: same values, one forward per trajectory
+    eval_first_and_last: bool = False  # not a signal: also a held-out eval before step 1 and after the last step
+    eval_dispatch_size: int = 0  # not a signal: held-out prompts dispatched at once; 0 = rollout.batch_size
 
     def __post_init__(self):
         # Constructing directly (not through from_env/from_args) still gets every check.
@@ -167,6 +171,8 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "info_kl_batch": _keep(_number(int, 1), int),
     "grpo_filter_degenerate": _keep(_parse_bool, bool),
     "branch_pack": _keep(_parse_bool, bool),
+    "eval_first_and_last": _keep(_parse_bool, bool),
+    "eval_dispatch_size": _keep(_number(int, 0), int),
 }
 
 

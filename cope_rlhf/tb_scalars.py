@@ -1,7 +1,7 @@
 """The scalars a run logged to TensorBoard, as plain dicts: ``read_scalars(logdir) -> {tag: {step: value}}``.
 
 Reads every event file under ``logdir``, recursively: OpenRLHF's trainer writes one subfolder per launch (a resumed
-run adds one), ``python -m cope_rlhf.local train`` writes into ``logdir`` itself. ``runs`` limits the read to those
+run adds one); the retired local loop wrote into ``logdir`` itself. ``runs`` limits the read to those
 subfolders. Folders are read in sorted order and a later one wins a step that two of them logged. Every scalar is
 kept (TensorBoard's reader would otherwise sample 10,000 per tag).
 """

@@ -13,10 +13,12 @@
 #    a small model built offline, 16 epochs of SFT on the demos (cosine learning rate; fewer epochs leave the model
 #    unable to tell whether the ball is in view). The warm start imitates the hesitation, so it starts well below
 #    what the room allows, and RL has to find out that going to the ball when it is in view pays.
-# 3. GRPO (python -m cope_rlhf.local train): 3 turns per episode, 60 steps of 8 items x 8 episodes, 2 updates a
-#    step, advantages normalised within each item's group (group_norm) with CoPE's degenerate-group filter on
-#    (groups whose eight rewards are equal train nothing: OpenRLHF's group_norm would hand each of them one shared
-#    advantage of up to +-60 made of float rounding, since BabyAI's wins pay 1 - 0.9 * steps / max_steps),
+# 3. GRPO (python -m cope_rlhf.local train: the cluster trainer, python -m cope_rlhf.cli.train_ppo_ray, in its CPU
+#    mode, with one policy rank, one reference rank and one vLLM engine): 3 turns per episode, 60 steps of 8 items
+#    x 8 episodes, 2 updates a step, advantages normalised within each item's group (group_norm) with CoPE's
+#    degenerate-group filter on (groups whose eight rewards are equal train nothing: OpenRLHF's group_norm would
+#    hand each of them one shared advantage of up to +-60 made of float rounding, since BabyAI's wins pay
+#    1 - 0.9 * steps / max_steps),
 #    each episode's loss the mean over its own tokens (seq-mean-token-mean), KL loss 0.01 to the warm start,
 #    learning rate 3e-4 after a warm-up, held constant (cosine decay: +0.165 where constant gave +0.307);
 #    held-out evaluation at temperature 1 (2 episodes per item) before training and every 10 steps

@@ -92,7 +92,9 @@ def plot(tensorboard: str, table: list[dict], png: str) -> None:
     import matplotlib.pyplot as plt
     from cope_rlhf.tb_scalars import read_scalars
 
-    rollout = sorted(read_scalars(tensorboard).get("rollout/success_rate", {}).items())
+    scalars = read_scalars(tensorboard)
+    # train/rollout/...: OpenRLHF's logger (one driver, after commit 6e0d933); rollout/...: runs of the retired local loop
+    rollout = sorted(scalars.get("train/rollout/success_rate", scalars.get("rollout/success_rate", {})).items())
     fig, ax = plt.subplots(figsize=(7, 4))
     if rollout:
         x, y = zip(*rollout)

@@ -99,7 +99,7 @@ def make_demos(path, item_ids) -> str:
 def warm_model(tmp_path_factory):
     """A tiny model (scripts/make_tiny_model.py) warm-started on 200 expert demos of BabyAI level 1 (GoToRedBallGrey:
     item ids = 0 mod 40) from the real server, so that rollouts win some episodes; the SFT checkpoint is
-    ``<dir>/sft``. Shared by the local loop's and the real path's end-to-end tests."""
+    ``<dir>/sft``. Shared by the end-to-end tests of the single-machine front-end and of the real path."""
     from tests.env_server_proc import require_venv
 
     require_venv("babyai")

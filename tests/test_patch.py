@@ -10,7 +10,7 @@ import pytest
 from cope_rlhf import patch
 
 OPENRLHF_NAMES = {
-    "openrlhf.trainer.ppo_trainer": ["RemoteExperienceMaker"],
+    "openrlhf.trainer.ppo_trainer": ["RemoteExperienceMaker", "PPOTrainer"],
     "openrlhf.trainer.ray.ppo_actor": ["ActorPPOTrainer", "PolicyModelActor"],
 }
 
@@ -21,13 +21,14 @@ def classes_in_use() -> dict:  # the same question the CPU stand-in actor answer
     actor = importlib.import_module("openrlhf.trainer.ray.ppo_actor")
     return {
         "RemoteExperienceMaker": trainer.RemoteExperienceMaker.__qualname__,
+        "PPOTrainer": trainer.PPOTrainer.__ray_actor_class__.__qualname__,
         "ActorPPOTrainer": actor.ActorPPOTrainer.__qualname__,
         "PolicyModelActor": actor.PolicyModelActor.__ray_actor_class__.__qualname__,
     }
 
 
 PATCHED = {"RemoteExperienceMaker": "CoPEExperienceMaker", "ActorPPOTrainer": "CoPEActorPPOTrainer",
-           "PolicyModelActor": "CoPEPolicyModelActor"}
+           "PolicyModelActor": "CoPEPolicyModelActor", "PPOTrainer": "_CoPEPPOTrainer"}
 STOCK = {name: name for name in PATCHED}
 
 

@@ -40,7 +40,7 @@ def test_report_reads_a_run_and_draws_its_curve(tmp_path):
     (ckpt / "eval_episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     writer = SummaryWriter(str(tb))
     for step in range(1, 6):
-        writer.add_scalar("rollout/success_rate", 0.1 * step, step)
+        writer.add_scalar("train/rollout/success_rate", 0.1 * step, step)  # as OpenRLHF's logger files it
     writer.close()
     (ckpt / "summary.json").write_text(json.dumps({"tensorboard_dir": str(tb)}))
 

@@ -1,13 +1,8 @@
-"""The single-machine path (``python -m cope_rlhf.local {train,sft}``): OpenRLHF's own rollout, experience and PPO
-code on one machine (CPU, or one GPU), with the same agent funcs, gateway, env servers and CoPE signals as the
-cluster path.
+"""The single-machine front-end (``python -m cope_rlhf.local {train,sft}``): the same driver as the cluster
+(``cope_rlhf.cli.train_ppo_ray``, OpenRLHF's real Ray PPO path; on a host without CUDA its CPU mode), with the env
+side started for you and defaults for a small run.
 
-    rollout.py      OpenRLHF's RolloutRayActor (Ray + vLLM) and SamplesGenerator; the prompt stream
-    weight_sync.py  new weights into the vLLM engine (a worker extension, safetensors bytes, reload_weights)
-    models.py       policy / reference in this process, behind OpenRLHF's actor-group calling surface
-    strategy.py     the DeepSpeed-strategy calls OpenRLHF's trainer makes, for one process and a torch optimizer
+    trainer.py      ``train``: the flags, the env stack, the run, its summary
     env_stack.py    the gateway and the env server(s) it supervises
-    checkpoint.py   save / resume (weights, optimizer, schedule, step, prompt position, RNG)
-    trainer.py      the training loop and its CLI (``train``)
-    sft.py          the supervised warm start on expert demos (``sft``)
+    sft.py          ``sft``: the supervised warm start on expert demos
 """

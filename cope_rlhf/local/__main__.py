@@ -1,4 +1,4 @@
-"""``python -m cope_rlhf.local {train,sft} ...``: the single-machine path (``train --help`` / ``sft --help``)."""
+"""``python -m cope_rlhf.local {train,sft} ...``: the single-machine front-end (``train --help`` / ``sft --help``)."""
 
 import signal
 import sys

@@ -1,0 +1,139 @@
+"""The driver's single controller: OpenRLHF's ``PPOTrainer`` (the Ray actor that rolls out, makes experiences and
+calls the model groups) plus what an agent run reports. Training is untouched: ``train_step`` and ``fit`` run
+OpenRLHF's own, and everything below only reads what they produce.
+
+- ``rollout/<metric>`` per step, means over the step's episodes of what the agent funcs log (``episode_metrics``):
+  reward, success_rate, episode_length, invalid_action_rate (replies with no parsable action, per turn),
+  rejected_action_rate (actions the env refused, per turn), env_failed_rate, response_length, episodes. OpenRLHF's
+  logger files them as ``train/rollout/<metric>``, next to its own ``train/rollout/reward_mean``.
+- Each held-out eval also logs ``eval/<metric>`` (the same metrics over the held-out episodes) and appends one line
+  per episode to ``<ckpt.path>/eval_episodes.jsonl``: ``{"step", "item_id", "success", "reward"}`` (paired
+  intervals between two evals: scripts/run_report.py). A fresh run (step 0) starts the file anew.
+- ``--cope.eval_first_and_last``: also evaluate before the first step (a fresh run) and after the last one (when
+  ``eval.steps`` did not land on it), so that a run reports held-out success before and after training.
+- ``--cope.eval_dispatch_size N``: held-out prompts whose episodes run at once (0: OpenRLHF's
+  ``rollout.batch_size``); on a small machine the engine otherwise idles between turns of a few episodes.
+- ``COPE_TRAIN_STEP_FILE`` (environment): when set, the step being rolled out is written there (through a temporary
+  name) before each rollout, for the agent funcs' horizon schedule (``HORIZON_SCHEDULE``). The file must be on a
+  filesystem the rollout engines see.
+
+``patch`` puts this class where OpenRLHF's ``train()`` looks for ``PPOTrainer`` (the synchronous trainer;
+``--train.async_enable`` keeps OpenRLHF's own, without these additions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Dict, List
+
+import ray
+import torch
+from openrlhf.trainer.ppo_trainer import PPOTrainer, compute_eval_metrics
+from openrlhf.utils.logging_utils import init_logger
+
+from cope_rlhf.config import CoPEConfig
+
+logger = init_logger(__name__)
+EVAL_EPISODES = "eval_episodes.jsonl"
+
+
+def episode_metrics(samples) -> Dict[str, float]:
+    """Means over episodes (one ``Experience`` each, as OpenRLHF's ``SamplesGenerator`` yields them) of the agent
+    funcs' logs; the two action rates are per turn."""
+    def mean(key):
+        values = [float(s.info[key].float().mean()) for s in samples if key in s.info]
+        return sum(values) / len(values) if values else 0.0
+
+    turns = sum(float(s.info["turns"].sum()) for s in samples if "turns" in s.info)
+
+    def per_turn(key):
+        return sum(float(s.info[key].sum()) for s in samples if key in s.info) / turns if turns else 0.0
+
+    return {"reward": mean("reward"), "success_rate": mean("success"), "episode_length": mean("turns"),
+            "invalid_action_rate": per_turn("invalid_actions"), "rejected_action_rate": per_turn("rejected_actions"),
+            "env_failed_rate": mean("env_failed"),
+            "response_length": sum(float(s.response_length.float().mean()) for s in samples) / max(1, len(samples)),
+            "episodes": float(len(samples))}
+
+
+def write_step_file(path: str, step: int) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(path + ".tmp", path)
+
+
+class _CoPEPPOTrainer(PPOTrainer.__ray_actor_class__):
+    def __init__(self, *args, **kwargs):
+        # Not redundant: Ray ships the actor's __init__ to the worker. Without this one it ships OpenRLHF's, by value,
+        # with its own copy of PPOTrainer in ``super()``, while this class (by reference) derives from the worker's
+        # PPOTrainer: "super(type, obj): obj must be an instance or subtype of type".
+        super().__init__(*args, **kwargs)
+
+    @property
+    def cope(self) -> CoPEConfig:
+        return CoPEConfig.from_args(self.args)
+
+    def _announce_step(self, step: int) -> None:
+        path = os.environ.get("COPE_TRAIN_STEP_FILE")
+        if path:
+            write_step_file(path, step)
+
+    def fit(self, global_step: int = 0) -> None:
+        states = self.init_checkpoint_states()
+        start = states["global_step"] or global_step
+        self._announce_step(start)
+        if start == 0:
+            os.makedirs(self.args.ckpt.path, exist_ok=True)
+            open(os.path.join(self.args.ckpt.path, EVAL_EPISODES), "w").close()
+        evaluating = self.cope.eval_first_and_last and self.eval_dataloader is not None
+        if evaluating and start == 0:
+            self.evaluate(0, **self._eval_kwargs())
+        self.last_step, self.last_eval_step = start, None
+        super().fit(global_step)
+        if evaluating and self.last_step > start and self.last_eval_step != self.last_step:
+            self.evaluate(self.last_step, **self._eval_kwargs())
+
+    def _eval_kwargs(self) -> dict:
+        """What OpenRLHF's ``fit`` passes to ``evaluate``."""
+        return {**self.generate_kwargs, "temperature": self.args.eval.temperature,
+                "n_samples_per_prompt": self.args.eval.n_samples_per_prompt}
+
+    def train_step(self, rollout_samples, global_step: int):
+        status, step = super().train_step(rollout_samples, global_step)
+        status.update({f"rollout/{k}": v for k, v in episode_metrics(rollout_samples).items()})
+        self.last_step = step
+        self._announce_step(step)
+        return status, step
+
+    @torch.no_grad()
+    def evaluate(self, global_step, **generate_kwargs) -> Dict[str, float]:
+        """OpenRLHF's evaluation (its pass@k metrics, logged under ``eval/``), plus ``episode_metrics`` and one
+        ``eval_episodes.jsonl`` line per held-out episode."""
+        t0 = time.time()
+        args = self.args
+        train_batch = args.rollout.batch_size
+        args.rollout.batch_size = self.cope.eval_dispatch_size or train_batch  # generate_eval_samples' dispatch size
+        try:
+            samples: List = self.samples_generator.generate_eval_samples(**generate_kwargs)
+        finally:
+            args.rollout.batch_size = train_batch
+        logs = compute_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"])
+        logs.update(episode_metrics(samples))
+        with open(os.path.join(args.ckpt.path, EVAL_EPISODES), "a") as f:
+            for s in samples:
+                f.write(json.dumps({"step": global_step, "item_id": s.labels[0], "success": float(s.info["success"][0]),
+                                    "reward": float(s.info["reward"][0])}) + "\n")
+        if self.wandb_logger:
+            self.wandb_logger.log_eval(global_step, logs)
+        if self.tensorboard_logger:
+            self.tensorboard_logger.log_eval(global_step, logs)
+            self.tensorboard_logger.writer.flush()
+        self.last_eval_step = global_step
+        logger.info(f"held-out eval at step {global_step} in {time.time() - t0:.0f} s: success "
+                    f"{logs['success_rate']:.3f} over {len(samples)} episodes")
+        return logs
+
+
+CoPEPPOTrainer = ray.remote(_CoPEPPOTrainer)
