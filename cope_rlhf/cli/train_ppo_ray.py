@@ -130,7 +130,8 @@ def cpu_preset_error(args: argparse.Namespace, cuda: Optional[bool] = None) -> O
     if (flag("ds.ring_attn_size") or 1) > 1:
         needs.append("--ds.ring_attn_size 1 (ring attention runs on flash-attention)")
     if flag("ds.param_dtype") != "bf16":
-        needs.append("--ds.param_dtype bf16 (vLLM runs in bf16 and receives the weights as they are trained)")
+        needs.append("--ds.param_dtype bf16 (the CPU mode runs and is tested in bf16, and vLLM receives the weights as they "
+                     "are trained)")
     if flag("ds.adam_offload"):
         needs.append("no --ds.adam_offload (it builds DeepSpeedCPUAdam, a compiled op, and the optimizer is in host "
                      "memory anyway)")
