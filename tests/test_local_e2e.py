@@ -176,6 +176,19 @@ def test_bad_flags_exit_with_a_clear_message(tmp_path, extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_help_lists_the_front_ends_flags_and_a_missing_env_is_named(capsys):
+    from cope_rlhf.local.trainer import cli_argv
+
+    with pytest.raises(SystemExit) as e:
+        cli_argv(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("usage: python -m cope_rlhf.local train")
+    assert "--local.steps" in out and "--cope.eval_first_and_last" in out and "--actor.adam.lr" in out
+    with pytest.raises(SystemExit) as e:
+        cli_argv(["--local.steps", "2"])
+    assert e.value.code == 2 and "the following arguments are required: --env" in capsys.readouterr().err
+
+
 def test_a_held_out_set_larger_than_what_openrlhf_reads_is_refused(tmp_path, capsys):
     heldout = write_jsonl(tmp_path / "heldout.jsonl", level1_rows(range(0, 400, 40)))  # 10 items
     with pytest.raises(SystemExit):

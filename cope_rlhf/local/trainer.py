@@ -86,9 +86,9 @@ def cli_argv(argv: List[str]) -> tuple:
     from cope_rlhf.cli.train_ppo_ray import combination_error
 
     parser = train_parser()
-    local, rest = add_local_args(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
     defaults = [item for key, value in LOCAL_DEFAULTS.items() for item in (f"--{key}", str(value))]
-    full = vars(parser.parse_args(defaults + argv))
+    full = vars(parser.parse_args(defaults + argv))  # --help, unknown flags and a missing --env end here
+    local, rest = add_local_args(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
     agent = full["train.agent_func_path"] or os.path.join(ROOT, "agent_funcs", f"{local.env}.py")
     if not os.path.exists(agent):
         parser.error(f"--env {local.env}: there is no agent func {agent}")
