@@ -133,6 +133,18 @@ def test_resume_continues_the_run(finished_run, warm_model):
     assert sorted({r["step"] for r in rows}) == [0, STEPS, STEPS + 1]
 
 
+def test_two_passes_over_two_items_train_both_steps(warm_model, tmp_path):
+    """Fewer items than the steps need: OpenRLHF runs a second pass (--train.num_episodes 2) and step 2 trains."""
+    train = write_jsonl(tmp_path / "train.jsonl", level1_rows([800, 840]))
+    run_local(["--env", "babyai", "--actor.model_name_or_path", str(warm_model / "sft"), "--data.prompt_dataset", train,
+               "--local.steps", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2",
+               "--local.max_turns", "2", "--logger.tensorboard_dir", str(tmp_path / "tb"),
+               "--ckpt.path", str(tmp_path / "ckpt"), "--ckpt.output_dir", str(tmp_path / "final")],
+              tmp_path / "run.log")
+    found = scalars(tmp_path / "tb")
+    assert sorted(found["train/rollout/reward"]) == [1, 2] and sorted(found["train/policy_loss"]) == [1, 2]
+
+
 # --- the flags, without running anything ------------------------------------------------------------------------
 
 def front_end(tmp_path, *extra: str) -> tuple:
@@ -166,7 +178,7 @@ def test_defaults_preset_and_the_users_flags(tmp_path):
     (["--rollout.n_samples_per_prompt", "1"], "n_samples_per_prompt must be >= 2"),
     (["--train.batch_size", "5"], "must be a multiple"),
     (["--cope.te_enable", "--algo.advantage.estimator", "rloo"], "group_norm"),
-    (["--local.steps", "6"], "needs 24 prompts"),
+    (["--rollout.batch_size", "32"], "fewer than one rollout batch"),
     (["--local.steps", "0"], "must be >= 1"),
 ])
 def test_bad_flags_exit_with_a_clear_message(tmp_path, extra, message, capsys):
@@ -174,6 +186,15 @@ def test_bad_flags_exit_with_a_clear_message(tmp_path, extra, message, capsys):
         front_end(tmp_path, *extra)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_fewer_items_than_the_steps_need_make_several_passes(tmp_path):
+    _, _, args = front_end(tmp_path, "--local.steps", "6")  # 6 x 4 = 24 prompts; the file has 20
+    assert (args["data.max_samples"], args["train.num_episodes"]) == (12, 2)  # 2 passes of 3 steps
+    _, _, args = front_end(tmp_path, "--local.steps", "7")  # a prime: 7 passes of 1 step
+    assert (args["data.max_samples"], args["train.num_episodes"]) == (4, 7)
+    _, _, args = front_end(tmp_path, "--local.steps", "5")  # 5 x 4 = 20: one pass
+    assert (args["data.max_samples"], args["train.num_episodes"]) == (20, 1)
 
 
 def test_help_lists_the_front_ends_flags_and_a_missing_env_is_named(capsys):

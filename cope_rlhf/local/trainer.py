@@ -7,7 +7,8 @@ one vLLM engine and the weight broadcast after every step, exactly as on a clust
   sdpa attention, bf16, gloo weight sync, eager vLLM); on a CUDA host everything shares one GPU (``GPU_PRESET``);
 - ``--env E``: the agent func ``agent_funcs/E.py`` and, unless ``--local.gateway_url`` names a running one, a gateway
   supervising E's server (``EnvStack``), whose URL reaches the rollout workers as ``COPE_GATEWAY_URL``;
-- ``--local.steps N``: N training steps (``--data.max_samples`` = N x ``rollout.batch_size`` prompts, one pass);
+- ``--local.steps N``: N training steps (``--data.max_samples`` = N x ``rollout.batch_size`` prompts, one pass; with
+  fewer training items, several passes over the most of them that divide N into whole passes);
 - with ``--eval.dataset``: held-out evals before the first step and after the last (``--cope.eval_first_and_last``)
   and every ``--eval.steps`` between, each episode a line of ``<ckpt.path>/eval_episodes.jsonl``;
 - at the end, ``<ckpt.path>/summary.json``: held-out success before and after, steps, TensorBoard folder, model.
@@ -107,22 +108,30 @@ def cli_argv(argv: List[str]) -> tuple:
     for flag in ("actor.model_name_or_path", "data.prompt_dataset"):
         if not full[flag]:
             parser.error(f"--{flag} is required")
-    prompts = local.steps * full["rollout.batch_size"]
-    if os.path.isfile(full["data.prompt_dataset"]) and count_rows(full["data.prompt_dataset"]) < prompts:
-        parser.error(f"--local.steps {local.steps} x --rollout.batch_size {full['rollout.batch_size']} needs {prompts} "
-                     f"prompts; {full['data.prompt_dataset']} has {count_rows(full['data.prompt_dataset'])}: "
-                     "fewer steps, or more items (scripts/make_itemids.py)")
+    # N steps of B prompts: one pass over N x B prompts, or, with fewer items, passes of k x B prompts where k is
+    # the largest divisor of N that the items allow (OpenRLHF's --train.num_episodes counts the passes)
+    per_pass, rollout_batch = local.steps, full["rollout.batch_size"]
+    if os.path.isfile(full["data.prompt_dataset"]):
+        rows = count_rows(full["data.prompt_dataset"])
+        per_pass = max((k for k in range(1, local.steps + 1) if local.steps % k == 0 and k * rollout_batch <= rows),
+                       default=0)
+        if not per_pass:
+            parser.error(f"{full['data.prompt_dataset']} has {rows} items, fewer than one rollout batch "
+                         f"(--rollout.batch_size {rollout_batch}): a smaller batch, or more items "
+                         "(scripts/make_itemids.py)")
+    prompts = per_pass * rollout_batch
     if full["eval.dataset"] and os.path.isfile(full["eval.dataset"]) and count_rows(full["eval.dataset"]) > prompts:
         # OpenRLHF caps the eval set at data.max_samples too (prepare_datasets)
         parser.error(f"{full['eval.dataset']} has {count_rows(full['eval.dataset'])} items, more than the "
-                     f"{prompts} prompts this run trains on, and OpenRLHF reads at most that many held-out items: "
-                     "fewer held-out items, or more steps")
+                     f"{prompts} prompts of a pass over the training items, and OpenRLHF reads at most that many "
+                     "held-out items: fewer held-out items, or more steps")
     episodes = full["rollout.batch_size"] * n
     batch = full["train.batch_size"] if "--train.batch_size" in argv else episodes  # default: one step per rollout
     if episodes % batch or batch % full["train.micro_batch_size"]:
         parser.error(f"rollout.batch_size x n_samples_per_prompt ({episodes}) must be a multiple of train.batch_size "
                      f"({batch}), and that of train.micro_batch_size ({full['train.micro_batch_size']})")
-    implied = ["--train.agent_func_path", agent, "--data.max_samples", str(prompts), "--train.num_episodes", "1",
+    implied = ["--train.agent_func_path", agent, "--data.max_samples", str(prompts),
+               "--train.num_episodes", str(local.steps // per_pass),
                "--cope.eval_dispatch_size", str(local.eval_batch_size), "--train.batch_size", str(episodes)]
     if full["eval.dataset"]:
         implied += ["--cope.eval_first_and_last"]
