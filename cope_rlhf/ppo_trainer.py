@@ -122,9 +122,12 @@ class _CoPEPPOTrainer(PPOTrainer.__ray_actor_class__):
         logs = compute_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"])
         logs.update(episode_metrics(samples))
         with open(os.path.join(args.ckpt.path, EVAL_EPISODES), "a") as f:
-            for s in samples:
-                f.write(json.dumps({"step": global_step, "item_id": s.labels[0], "success": float(s.info["success"][0]),
-                                    "reward": float(s.info["reward"][0])}) + "\n")
+            for s in samples:  # a run without an agent func has no "success" (and its reward only in s.rewards)
+                reward = s.info["reward"][0] if "reward" in s.info else torch.as_tensor(s.rewards).flatten()[0]
+                record = {"step": global_step, "item_id": s.labels[0], "reward": float(reward)}
+                if "success" in s.info:
+                    record["success"] = float(s.info["success"][0])
+                f.write(json.dumps(record) + "\n")
         if self.wandb_logger:
             self.wandb_logger.log_eval(global_step, logs)
         if self.tensorboard_logger:

@@ -143,7 +143,9 @@ def cli_argv(argv: List[str]) -> tuple:
 def write_summary(ckpt_path: str, steps: int, tensorboard_dir: str, model: str) -> Dict[str, float]:
     """``summary.json`` from the held-out episodes: success at the first and the last eval step."""
     per_step: Dict[int, List[float]] = {}
-    episodes = os.path.join(ckpt_path, "eval_episodes.jsonl")
+    from cope_rlhf.ppo_trainer import EVAL_EPISODES
+
+    episodes = os.path.join(ckpt_path, EVAL_EPISODES)
     if os.path.isfile(episodes):
         with open(episodes) as f:
             for line in f:
