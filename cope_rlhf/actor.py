@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import ray
@@ -494,3 +495,16 @@ class CoPEPolicyModelActor(CoPEActorMethods, PolicyModelActor.__ray_actor_class_
     def append(self, experience):
         self.trainer.take_forecast_samples(experience)
         super().append(experience)
+
+    def fit(self, kl_ctl: float = 0):
+        if torch.cuda.is_available():
+            return super().fit(kl_ctl)
+        # CPU mode: Ray grants each rank one logical CPU, so torch trains it on one thread (Ray sets
+        # OMP_NUM_THREADS=1). The engines and the reference rank idle while the policy trains, so the PPO pass takes
+        # the host's cores, shared among the policy ranks (WORLD_SIZE: all of them on one host).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
+        try:
+            return super().fit(kl_ctl)
+        finally:
+            torch.set_num_threads(threads)

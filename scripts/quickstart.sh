@@ -14,8 +14,8 @@
 #    unable to tell whether the ball is in view). The warm start imitates the hesitation, so it starts well below
 #    what the room allows, and RL has to find out that going to the ball when it is in view pays.
 # 3. GRPO (python -m cope_rlhf.local train: the cluster trainer, python -m cope_rlhf.cli.train_ppo_ray, in its CPU
-#    mode, with one policy rank, one reference rank and one vLLM engine): 3 turns per episode, 60 steps of 8 items
-#    x 8 episodes, 2 updates a step, advantages normalised within each item's group (group_norm) with CoPE's
+#    mode, with one policy rank, one reference rank and one vLLM engine): 3 turns per episode, 50 steps of 8 items
+#    x 8 episodes, 2 updates a step (micro-batches of 8), advantages normalised within each item's group (group_norm) with CoPE's
 #    degenerate-group filter on (groups whose eight rewards are equal train nothing: OpenRLHF's group_norm would
 #    hand each of them one shared advantage of up to +-60 made of float rounding, since BabyAI's wins pay
 #    1 - 0.9 * steps / max_steps),
@@ -25,7 +25,7 @@
 # 4. scripts/run_report.py: held-out success before -> after with 95% intervals (the gain paired by item), and a
 #    PNG of rollout and held-out success per step
 #
-# Environment: QUICKSTART_DIR (default runs/quickstart), QUICKSTART_STEPS (RL steps, default 60),
+# Environment: QUICKSTART_DIR (default runs/quickstart), QUICKSTART_STEPS (RL steps, default 50),
 # QUICKSTART_EVAL_EVERY (default 10), QUICKSTART_DEMOS (default 300), QUICKSTART_HELDOUT (default 200),
 # QUICKSTART_COPE_FLAGS (more CoPE switches added to the run, e.g. "--cope.info_intrinsic_weight 0.1"; default
 # none: the recipe is measured with GRPO and the degenerate-group filter only, docs/results/quickstart_diagnosis.md),
@@ -35,7 +35,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 DIR="${QUICKSTART_DIR:-runs/quickstart}"
-STEPS="${QUICKSTART_STEPS:-60}"
+STEPS="${QUICKSTART_STEPS:-50}"
 EVAL_EVERY="${QUICKSTART_EVAL_EVERY:-10}"
 DEMOS="${QUICKSTART_DEMOS:-300}"
 HELDOUT="${QUICKSTART_HELDOUT:-200}"
@@ -88,6 +88,7 @@ step train "$PY" -m cope_rlhf.local train --env babyai \
   --local.steps "$STEPS" --local.max_turns 3 --eval.steps "$EVAL_EVERY" --ckpt.save_steps "$EVAL_EVERY" \
   --eval.temperature 1.0 --eval.n_samples_per_prompt 2 \
   --rollout.batch_size 8 --rollout.n_samples_per_prompt 8 --train.batch_size 32 \
+  --train.micro_batch_size 8 --rollout.micro_batch_size 8 \
   --algo.advantage.estimator group_norm --actor.loss_agg_mode seq-mean-token-mean \
   --cope.grpo_filter_degenerate true \
   --actor.adam.lr 3e-4 --actor.lr_warmup_ratio 0.1 --actor.lr_scheduler constant_with_warmup \

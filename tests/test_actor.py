@@ -474,6 +474,36 @@ def test_te_warmup_count_survives_resume(model_dir, tok, monkeypatch):
     assert fresh.trainer.cope_updates == 0 and te_lambda(fresh.trainer.cope, 0) == 0.0
 
 
+@pytest.mark.parametrize("world_size, cores, expected", [(1, 2, 2), (2, 2, 1), (2, 8, 4), (3, 2, 1)])
+def test_cpu_ppo_pass_trains_on_the_hosts_cores(world_size, cores, expected, monkeypatch):
+    """On CPU, Ray starts each rank with OMP_NUM_THREADS=1 (one logical CPU each); while the policy trains, the engines
+    and the reference rank wait, so ``fit`` gives the PPO pass the host's cores shared among the policy ranks, and
+    gives the rank its own thread count back afterwards (for its share of make_experience)."""
+    seen = []
+
+    class Trainer:
+        replay_buffer = []  # fit clears it
+
+        def ppo_train(self, kl_ctl):
+            seen.append(torch.get_num_threads())
+            return {"policy_loss": 0.0}
+
+    actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    actor.actor, actor.trainer = torch.nn.Linear(1, 1), Trainer()
+    monkeypatch.setattr("cope_rlhf.actor.torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("cope_rlhf.actor.os.cpu_count", lambda: cores)
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    monkeypatch.setattr(ppo_actor.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(ppo_actor.torch.cuda, "synchronize", lambda: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert actor.fit(0.01) == {"policy_loss": 0.0}
+        assert seen == [expected] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 # --- ACTION_FORECAST_MODE: separate (own optimizer steps, upstream) vs joint (inside PPO's window) ----------------
 
 

@@ -84,10 +84,13 @@ def test_sft_loss_covers_exactly_the_replies(built, demos):
     assert tok.decode([t for t, m in zip(ids, mask) if not m]).count("Understood.") == 1  # acknowledgement: prompt
 
 
-def test_sft_learns_the_demos(built, demos, tmp_path):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_sft_learns_the_demos(built, demos, tmp_path, bf16):
     result = train(str(built / "a"), demos, str(tmp_path / "sft"), epochs=6, lr=3e-3, batch_size=4, max_len=512,
-                   seed=0)
+                   seed=0, bf16=bf16)
     assert result["loss"][-1] < 0.5 * result["loss"][0]
+    saved = json.load(open(tmp_path / "sft" / "config.json"))
+    assert saved["dtype"] == "float32"  # bf16 autocasts the compute; the weights stay float32
     assert os.path.exists(tmp_path / "sft" / "model.safetensors")
     with pytest.raises(ValueError, match="no successful demos"):
         bad = tmp_path / "bad.jsonl"
