@@ -8,7 +8,8 @@
 ``problems(args) -> [str]``, each "what is wrong: what to do". The checks:
 
   flags    the CoPE combination and the CPU preset (``combination_error``, ``cpu_preset_error``)
-  gpus     GPUs the flags place: actor, ref (when the KL coefficient is > 0), critic, reward (unless remote), vLLM
+  gpus     GPUs the flags place: actor, ref (when the KL coefficient is > 0), critic, reward (unless remote or an
+           agent func gives the rewards), vLLM
            engines x TP, with the colocation flags sharing them; against this host's CUDA devices. On a host
            without CUDA a Ray started here gets logical GPUs (``cpu_ray_resources``); a cluster (RAY_ADDRESS) is
            checked once Ray is up (``cluster_gpu_problem``), and placement groups wait at most RAY_PG_TIMEOUT_S.
@@ -69,7 +70,8 @@ def gpus_needed(args: argparse.Namespace) -> int:
     if not (colocate_all and not flag(args, "train.async_enable")):
         total += engines
     critic = n("critic") if flag(args, "critic.model_name_or_path") else 0
-    reward = 0 if flag(args, "reward.remote_url") else n("reward")
+    # an agent func gives the rewards: OpenRLHF then sets --reward.remote_url "agent" and starts no reward group
+    reward = 0 if flag(args, "reward.remote_url") or flag(args, "train.agent_func_path") else n("reward")
     total += max(critic, reward) if flag(args, "train.colocate_critic_reward") else critic + reward
     return total
 

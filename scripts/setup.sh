@@ -84,9 +84,12 @@ else
 fi
 
 # System tools some tests and launchers use: tmux (launch_*_tmux.sh), curl (health waits), shellcheck (script
-# lint), chromium (headless render of the trajectory viewer). Without them those tests skip with a reason.
+# lint), chromium (headless render of the trajectory viewer), ip (iproute2: the two-node test's network
+# namespaces). Without them those tests skip with a reason.
 missing=()
-for tool in tmux curl shellcheck chromium; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+for tool in tmux curl shellcheck chromium ip:iproute2; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+done
 if (( ${#missing[@]} )); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     step "system tools: ${missing[*]}" bash -c "apt-get update -qq && apt-get install -y -qq ${missing[*]} >/dev/null"

@@ -156,16 +156,22 @@ def test_gpu_count_against_the_host_and_the_cluster(parser, good, monkeypatch):
     args = parser.parse_args(argv + ["--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2",
                                      "--reward.num_gpus_per_node", "1", "--vllm.num_engines", "2",
                                      "--algo.kl.init_coef", "0.01"])
-    assert preflight.gpus_needed(args) == 2 + 2 + 1 + 2
+    # the agent func gives the rewards: OpenRLHF starts no reward group (it sets --reward.remote_url "agent")
+    assert preflight.gpus_needed(args) == 2 + 2 + 2
     assert preflight.gpus_needed(parser.parse_args(argv + [
         "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--reward.num_gpus_per_node", "1",
-        "--vllm.num_engines", "2", "--algo.kl.init_coef", "0.01", "--train.colocate_all"])) == 2 + 1
-    assert "the flags place 7 GPUs and the Ray cluster has 4" in preflight.cluster_gpu_problem(args, {"GPU": 4.0})
-    assert preflight.cluster_gpu_problem(args, {"GPU": 8.0}) is None
+        "--vllm.num_engines", "2", "--algo.kl.init_coef", "0.01", "--train.colocate_all"])) == 2
+    at = argv.index("--train.agent_func_path")
+    with_reward_model = parser.parse_args(argv[:at] + argv[at + 2:] + [
+        "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--reward.num_gpus_per_node", "1",
+        "--vllm.num_engines", "2", "--algo.kl.init_coef", "0.01"])
+    assert preflight.gpus_needed(with_reward_model) == 2 + 2 + 1 + 2
+    assert "the flags place 6 GPUs and the Ray cluster has 4" in preflight.cluster_gpu_problem(args, {"GPU": 4.0})
+    assert preflight.cluster_gpu_problem(args, {"GPU": 6.0}) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA host with one device
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     [problem] = preflight.gpu_problems(args)
-    assert "the flags place 7 GPUs" in problem and "this host has 1" in problem
+    assert "the flags place 6 GPUs" in problem and "this host has 1" in problem
 
 
 def test_the_cli_lists_every_problem_at_once_and_exits_2_in_seconds(tmp_path):

@@ -18,6 +18,10 @@ once; COPE_SKIP_PREFLIGHT=1 skips it), and placement groups wait at most RAY_PG_
 On a host without CUDA the same command runs OpenRLHF's real path on CPU (``cpu_cluster`` / ``cpu_vllm``, swapped
 in by ``patch``): ``cpu_preset_error`` names every flag such a run needs that is missing (exit 2), and a Ray that
 this command starts itself gets logical GPUs (``cpu_ray_resources``) so that OpenRLHF's GPU bundles can be placed.
+
+A run that fails with a Ray error after a node of the cluster died says which node (its address and Ray's reason)
+and how to resume, before the error itself; after an actor error it waits up to ``NODE_LOSS_WAIT_S`` for Ray to
+declare the node dead (the actor's calls fail first).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import os
 import runpy
 import sys
+import time
 from typing import List, Optional
 
 import ray
@@ -36,6 +41,8 @@ from cope_rlhf.config import FORECAST_LAYOUTS, CoPEConfig, add_cope_args
 from cope_rlhf.forecast import load_action_format
 
 OPENRLHF_CLI = "openrlhf.cli.train_ppo_ray"
+ACTOR_LOST = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
+NODE_LOSS_WAIT_S = 45  # Ray declares a silent node dead after its health checks fail (~15-30 s by default)
 
 
 class _ParserCaptured(Exception):
@@ -155,8 +162,9 @@ def cpu_preset_error(args: argparse.Namespace, cuda: Optional[bool] = None) -> O
 def cpu_ray_resources(args: argparse.Namespace) -> dict:
     """``ray.init`` resources for a Ray this command starts on a host without CUDA. OpenRLHF asks for one GPU per
     model rank and per vLLM engine (bundles ``{"GPU": 1, "CPU": 1}``), which a Ray without GPUs never grants: its
-    placement groups wait forever. Logical GPUs, one per rank of every group OpenRLHF creates (the reward group is
-    created even when an agent func gives the reward), and as many logical CPUs, make them placeable."""
+    placement groups wait forever. Logical GPUs, one per rank of every group the flags size (the reward group's too,
+    which OpenRLHF does not create when an agent func gives the rewards: a spare logical GPU costs nothing), and as
+    many logical CPUs, make them placeable."""
     flag = lambda name: getattr(args, name, None) or 0  # noqa: E731
     gpus = sum(flag(f"{group}.num_nodes") * flag(f"{group}.num_gpus_per_node") for group in ("actor", "ref", "reward"))
     if flag("critic.model_name_or_path"):
@@ -207,6 +215,26 @@ def main(argv: Optional[List[str]] = None) -> None:
     ray.init = init
     try:
         _run_openrlhf_cli(parse_with_cope)
+    except ray.exceptions.RayError as error:
+        # A lost node fails the run with an actor error that does not say where, often seconds before Ray's health
+        # checks declare the node dead: after an actor error, wait up to NODE_LOSS_WAIT_S for a dead node to show.
+        lost, deadline = [], time.time() + (NODE_LOSS_WAIT_S if isinstance(error, ACTOR_LOST) else 0)
+        while ray.is_initialized():
+            try:
+                lost = [f"{n.get('NodeManagerAddress', '?')} (node {n.get('NodeID', '?')[:12]}: "
+                        f"{n.get('DeathReasonMessage') or 'no heartbeat'})"
+                        for n in ray.nodes() if not n.get("Alive", True)]
+            except Exception:  # noqa: BLE001 - the GCS itself may be gone; the run's own error follows
+                break
+            if lost or time.time() >= deadline:
+                break
+            time.sleep(2)
+        if lost:
+            print(f"error: the run stopped because Ray lost {len(lost)} node(s): {'; '.join(lost)}. The actors placed "
+                  "there are gone with them (an engine, model ranks). Bring the node back (scripts/"
+                  "ray_cluster_worker.sh) and resume from the last checkpoint with --ckpt.load_enable.",
+                  file=sys.stderr)
+        raise
     finally:
         ray.init = ray_init
 

@@ -105,9 +105,8 @@ cope_build_args() {
         --data.prompt_dataset "$PROMPT_DATA" --data.input_key prompt --data.label_key label
         --actor.num_nodes "$NUM_NODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
         --ref.num_nodes "$NUM_NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
-        # OpenRLHF 0.11.2 starts a reward-model actor group even when the agent func gives the rewards, one actor per
-        # GPU of its size (default 8 per node), placed in the actors' bundles under --train.colocate_all: any other
-        # size than the actor's asks for bundles that do not exist (e.g. on a node of 1 or 4 GPUs).
+        # OpenRLHF starts no reward-model group when the agent func gives the rewards (it sets --reward.remote_url
+        # agent); sized as the actor's all the same, so that a run given a reward model instead places it.
         --reward.num_nodes "$NUM_NODES" --reward.num_gpus_per_node "$GPUS_PER_NODE"
         --vllm.num_engines "$VLLM_NUM_ENGINES" --vllm.tensor_parallel_size "$VLLM_TP"
         --vllm.gpu_memory_utilization "$VLLM_GPU_UTIL"
@@ -193,6 +192,36 @@ cope_print_cmd() {
         printf '%q' "$arg"
     done
     printf '\n'
+}
+
+# Gloo (DeepSpeed's ranks on CPU, the CPU weight sync to vLLM) binds the address of the host name unless
+# GLOO_SOCKET_IFNAME names an interface; where the host name resolves to loopback, ranks on other nodes cannot
+# connect. A Ray node started with NODE_IP passes its workers the interface that holds NODE_IP.
+cope_export_gloo_ifname() {
+    local node_ip="$1" ifname
+    if [ -n "${GLOO_SOCKET_IFNAME:-}" ] || [ -z "$node_ip" ] || ! command -v ip >/dev/null; then return 0; fi
+    ifname="$(ip -o -4 addr show 2>/dev/null |
+        awk -v want="$node_ip" '{split($4, a, "/")} a[1] == want {print $2; exit}')"
+    if [ -n "$ifname" ]; then export GLOO_SOCKET_IFNAME="$ifname"; fi
+}
+
+# Runs a `ray start` command line. With RAY_BLOCK=1 it stays in the foreground (`--block`, as srun or a supervisor
+# needs) and a SIGTERM/SIGINT stops Ray on this host (`ray stop`, STOP_GRACE_S=10): `ray start --block` alone exits
+# on the signal and leaves its raylet and workers running.
+cope_ray_start() {
+    if ! cope_is_true "${RAY_BLOCK:-0}"; then cope_run_or_print "$@"; return; fi
+    if cope_is_true "${DRY_RUN:-0}"; then cope_print_cmd "$@" --block; return; fi
+    "$@" --block &
+    local pid=$! status=0 stopped=0
+    trap 'stopped=1; "$(cope_ray)" stop --grace-period "${STOP_GRACE_S:-10}" >&2 || true
+          kill -TERM "$pid" 2>/dev/null' TERM INT
+    while :; do
+        wait "$pid"; status=$?
+        kill -0 "$pid" 2>/dev/null || break  # exited; alive means the trap interrupted the wait
+    done
+    trap - TERM INT
+    if [ "$stopped" = 1 ]; then return 0; fi
+    return "$status"
 }
 
 cope_abspath() {
