@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.demo_policy != "expert" and args.env != "babyai":
         parser.error(f"--demo-policy {args.demo_policy} is BabyAI's (it reads BabyAI's goal line and action list)")
 
+    # SIGTERM (a scheduler, kill) unwinds like Ctrl-C, so the env server below is stopped on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     from make_itemids import write_item_rows
     from cope_rlhf.local.sft import train as sft
     from make_tiny_model import main as make_tiny_model

@@ -1,7 +1,11 @@
-"""scripts/prepare_warm_start.py: held-out ids are disjoint from training ids and demos; bad requests are refused."""
+"""scripts/prepare_warm_start.py: held-out ids are disjoint from training ids and demos; bad requests are refused;
+a SIGTERM leaves no env server behind."""
 
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -30,3 +34,34 @@ def test_levels_are_checked_before_anything_starts(argv, message, capsys):
     with pytest.raises(SystemExit):
         prepare_warm_start.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_sigterm_mid_run_stops_its_env_server(tmp_path):
+    import psutil
+
+    from tests.env_server_proc import require_venv
+
+    require_venv("babyai")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    servers = []
+    proc = subprocess.Popen([sys.executable, "scripts/prepare_warm_start.py", "--env", "babyai", "--out",
+                             str(tmp_path), "--levels", "1", "--heldout", "5", "--demos", "60"], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # the ids are written while the server is up; the demos follow
+            if "held-out item ids" in line:
+                break
+        servers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "env_gateway.servers.babyai" in " ".join(c.cmdline())]
+        assert servers, "no env server under the run"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(servers, timeout=15)
+        assert not alive, f"env server left running: {[p.pid for p in alive]}"
+    finally:
+        for process in [proc, *servers]:  # a failing run leaves nothing either
+            try:
+                process.kill()
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+        proc.wait()
