@@ -11,9 +11,10 @@
    b. OpenRLHF places the engine first; Ray put it on a, the policy rank on b and the reference on a in every run
    seen. The test asserts what matters for the broadcast, not Ray's choice: the policy and the engine on different
    nodes (Ray's state API).
-   Asserted: both steps end; every ``cope/*`` metric is written; the engine loaded the broadcast weights and samples
-   with them (``vllm_kl`` at bf16 noise); the engine's node's gateway counted the episodes (its ``/metrics``), the
-   other node's none.
+   Asserted: both steps end; every ``cope/*`` metric is written; the engine loaded the broadcast weights, and they
+   are not corrupt (``vllm_kl`` at bf16 noise; being a KL, it cannot tell a one-step-stale engine: -9e-5 at step 2
+   in a run with the reload cut out by hand); the engine's node's gateway counted the episodes (its ``/metrics``),
+   the other node's none.
 2. The fault case on the same cluster: node b dies mid-run (every process in its namespace killed) -> the job fails
    with a message that names the lost node, within ``FAULT_BOUND_S``; then ``ray_cluster_head.sh stop`` and the
    launcher's ``stop`` leave no process on either node.
