@@ -13,7 +13,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
-if [ "${1:-}" = stop ]; then cope_run_or_print "$(cope_ray)" stop --grace-period "${STOP_GRACE_S:-10}"; exit; fi
+if [ "${1:-}" = stop ]; then cope_ray_stop; exit; fi
 : "${RAY_PORT:=6379}" "${DASHBOARD_HOST:=127.0.0.1}" "${DASHBOARD_PORT:=8265}" "${NUM_GPUS:=}" "${RAY_BLOCK:=0}"
 : "${NODE_IP:=$(hostname -I 2>/dev/null | awk '{print $1}')}"
 cope_export_gloo_ifname "$NODE_IP"  # GLOO_SOCKET_IFNAME for the workers, unless set

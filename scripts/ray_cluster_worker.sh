@@ -9,7 +9,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
-if [ "${1:-}" = stop ]; then cope_run_or_print "$(cope_ray)" stop --grace-period "${STOP_GRACE_S:-10}"; exit; fi
+if [ "${1:-}" = stop ]; then cope_ray_stop; exit; fi
 : "${HEAD_ADDRESS:?set HEAD_ADDRESS=<head ip>:<port> (what ray_cluster_head.sh printed)}"
 : "${NUM_GPUS:=}" "${RAY_BLOCK:=0}"
 : "${NODE_IP:=$(hostname -I 2>/dev/null | awk '{print $1}')}"

@@ -41,6 +41,7 @@ import pytest
 
 from tests import two_nodes
 from tests.conftest import ROOT, level1_rows, write_jsonl
+from tests.test_real_path import train_scalars
 
 REASON = two_nodes.available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"two-node test: {REASON}")
@@ -140,11 +141,6 @@ def tail(path, n: int = 4000) -> str:
     return open(path, errors="replace").read()[-n:]
 
 
-def train_scalars(out) -> dict:
-    from cope_rlhf.tb_scalars import read_scalars
-
-    return {tag.removeprefix("train/"): v for tag, v in read_scalars(str(out / "tensorboard")).items()}
-
 
 def test_scripts_layout_then_node_b_dies(cluster, warm_model, tmp_path):
     a, b = cluster.nodes
@@ -166,7 +162,7 @@ def test_scripts_layout_then_node_b_dies(cluster, warm_model, tmp_path):
         os.killpg(job.pid, signal.SIGKILL)
         pytest.fail(f"the job did not end in {JOB_TIMEOUT_S} s:\n{tail(tmp_path / 'job.log')}")
     assert code == 0, tail(tmp_path / "job.log")
-    scalars = train_scalars(tmp_path / "run")
+    scalars = train_scalars(tmp_path / "run" / "tensorboard")
     assert not COPE_TAGS - set(scalars), sorted(COPE_TAGS - set(scalars))
     for tag in COPE_TAGS | {"policy_loss", "vllm_kl"}:
         assert sorted(scalars[tag]) == [1, 2], tag
@@ -230,7 +226,7 @@ def test_sbatch_plan_on_two_nodes(cluster, warm_model, tmp_path):
         plan.wait(timeout=120)
         pytest.fail(f"sbatch_train.sh did not end:\n{tail(log_path)}")
     assert code == 0, tail(log_path)
-    scalars = train_scalars(tmp_path / "run")
+    scalars = train_scalars(tmp_path / "run" / "tensorboard")
     assert sorted(scalars["cope/forecast_loss"]) == [1, 2], tail(log_path)
     assert all(abs(v) < VLLM_KL_BOUND for v in scalars["vllm_kl"].values()), scalars["vllm_kl"]
     wait_for("no process left on either node after the plan's exit", lambda: not a.pids() and not b.pids(), 90)

@@ -205,6 +205,11 @@ cope_export_gloo_ifname() {
     if [ -n "$ifname" ]; then export GLOO_SOCKET_IFNAME="$ifname"; fi
 }
 
+# Stops Ray on this host (`ray stop`: every Ray process of the machine; STOP_GRACE_S=10 seconds, then SIGKILL).
+cope_ray_stop() {
+    cope_run_or_print "$(cope_ray)" stop --grace-period "${STOP_GRACE_S:-10}"
+}
+
 # Runs a `ray start` command line. With RAY_BLOCK=1 it stays in the foreground (`--block`, as srun or a supervisor
 # needs) and a SIGTERM/SIGINT stops Ray on this host (`ray stop`, STOP_GRACE_S=10): `ray start --block` alone exits
 # on the signal and leaves its raylet and workers running.
@@ -213,8 +218,7 @@ cope_ray_start() {
     if cope_is_true "${DRY_RUN:-0}"; then cope_print_cmd "$@" --block; return; fi
     "$@" --block &
     local pid=$! status=0 stopped=0
-    trap 'stopped=1; "$(cope_ray)" stop --grace-period "${STOP_GRACE_S:-10}" >&2 || true
-          kill -TERM "$pid" 2>/dev/null' TERM INT
+    trap 'stopped=1; cope_ray_stop >&2 || true; kill -TERM "$pid" 2>/dev/null' TERM INT
     while :; do
         wait "$pid"; status=$?
         kill -0 "$pid" 2>/dev/null || break  # exited; alive means the trap interrupted the wait
