@@ -15,18 +15,42 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import learning_curve  # noqa: E402
 
 
+# What the study sets per run (paths, steps, turns, seed) rather than in its recipe.
+PER_RUN = {"--env", "--actor.model_name_or_path", "--data.prompt_dataset", "--eval.dataset", "--local.steps",
+           "--local.max_turns", "--eval.steps", "--ckpt.save_steps", "--ckpt.path", "--ckpt.output_dir",
+           "--logger.tensorboard_dir"}
+
+
+def flag_pairs(words: list[str]) -> list[str]:
+    """A command line's words as "--flag value" / "--flag" strings."""
+    pairs, i = [], 0
+    while i < len(words):
+        value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
+        pairs.append(f"{words[i]} {value}" if value else words[i])
+        i += 2 if value else 1
+    return pairs
+
+
 def test_the_study_runs_the_quickstart_recipe():
-    """Every recipe flag (and its value) appears in the quickstart's train step, so the two cannot drift apart."""
+    """The study's recipe is the quickstart's train step, flag for flag both ways, so the two cannot drift apart."""
     script = open(os.path.join(ROOT, "scripts", "quickstart.sh")).read()
     train = script[script.index("step train"):script.index("\"${COPE_FLAGS[@]}\"")]
-    flags = " ".join(re.sub(r"\\\n\s*", " ", train).split())
-    recipe, i = learning_curve.RECIPE, 0
-    while i < len(recipe):
-        flag, value = recipe[i], recipe[i + 1] if i + 1 < len(recipe) and not recipe[i + 1].startswith("--") else None
-        assert (f"{flag} {value}" if value else flag) in flags, (flag, value)
-        i += 2 if value else 1
-    # the quickstart's CoPE switches are the study's "filter" config
-    assert re.findall(r"--cope\.\w+", flags) == learning_curve.CONFIGS["filter"]
+    words = re.sub(r"\\\n\s*", " ", train).split()
+    quickstart = [p for p in flag_pairs(words[words.index("cope_rlhf.local") + 2:]) if p.split()[0] not in PER_RUN]
+    cope = [p for p in quickstart if p.startswith("--cope.")]
+    # the quickstart's CoPE switches (given as "--cope.x true") are the study's "filter" config
+    assert [p.split()[0] for p in cope] == learning_curve.CONFIGS["filter"]
+    assert sorted(flag_pairs(learning_curve.RECIPE)) == sorted(p for p in quickstart if p not in cope)
+
+
+def test_the_study_warm_starts_babyai_as_the_quickstart_does():
+    script = open(os.path.join(ROOT, "scripts", "quickstart.sh")).read()
+    step = script[script.index("step warmstart"):script.index("rm -rf")]
+    words = re.sub(r"\\\n\s*", " ", step).replace('"$HELDOUT"', "200").replace('"$DEMOS"', "300").split()
+    quickstart = [p for p in flag_pairs(words[words.index("scripts/prepare_warm_start.py") + 1:])
+                  if p.split()[0] not in ("--env", "--out")]
+    # --sft-schedule cosine is prepare_warm_start.py's default
+    assert sorted(flag_pairs(learning_curve.WARM_START["babyai"] + ["--sft-schedule", "cosine"])) == sorted(quickstart)
 
 
 def test_half_width_is_the_t_interval():
