@@ -8,7 +8,8 @@ the quickstart's view-hesitant demonstrator), a tiny model and its SFT) unless `
 exists. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that model: the
 quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns, held-out evals every ``--eval-every`` steps, and only the
 CoPE switches (``CONFIGS``; the forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed``
-differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study;
+differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study (a run
+stopped before it starts over);
 ``--report-only`` trains nothing and reports the runs that finished (each config over the seeds it has).
 
 Once a run is trained, ``scripts/eval.py`` scores its final model (``model/``) on the env's held-out items twice, each
@@ -39,6 +40,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,7 +121,9 @@ def run_one(env: str, config: str, seed: int, start: str, out: str, args) -> Non
            "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.output_dir", os.path.join(out, "model"),
            "--ckpt.save_steps", "-1", "--logger.tensorboard_dir", os.path.join(out, "tb"), *RECIPE,
            *CONFIGS[config]]
-    os.makedirs(out, exist_ok=True)
+    # A run stopped before its summary.json starts over: its TensorBoard events would mix with the new run's.
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
     t = time.time()
     with open(os.path.join(out, "train.log"), "w") as log:
         code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode

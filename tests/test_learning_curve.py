@@ -130,3 +130,20 @@ def test_summary_says_not_run_for_missing_evals():
 def test_one_seed_has_no_interval():
     rows, _ = learning_curve.summarize("babyai", {"te": [{"eval": {0: 0.6, 10: 0.64}, "step_s": [11.0]}]}, None)
     assert rows[0].startswith("| babyai | te | 1 | 0.600 | 0.640 (one seed) |")
+
+
+def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
+    """A run killed mid-way left TensorBoard events; rerunning the study must not read them as part of the new run."""
+    out = tmp_path / "grpo_seed0"
+    (out / "tb").mkdir(parents=True)
+    (out / "tb" / "events.out.tfevents.stale").write_text("from the killed run")
+    seen = []
+
+    def fake_train(cmd, **kwargs):
+        seen.append(sorted(str(p.relative_to(out)) for p in out.rglob("*")))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(learning_curve.subprocess, "run", fake_train)
+    args = type("Args", (), {"steps": 2, "eval_every": 1})()
+    learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), args)
+    assert seen == [["train.log"]]
