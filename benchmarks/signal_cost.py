@@ -1,29 +1,30 @@
-"""Cost of the CoPE signals per step against a stock GRPO step, per-turn vs branch-packed, in one run (by hand).
+"""Cost of the CoPE signals per step against a stock GRPO step, timed on the code the trainer runs (by hand).
 
 For trajectories of 5, 10, 20 and 40 turns (a batch of ``--batch`` of them, a small random Qwen2 on CPU, sdpa
 attention) it measures wall time, process CPU time (all threads; other load on the machine does not skew it) and
 peak memory (resident set growth over the phase, sampled every 2 ms) of:
 
-  (a) grpo    a stock GRPO step: forward + backward of the trajectory batch (token-mean policy-gradient loss)
-  (b) naive   the signals, one forward per turn: information gain of every turn (real + one counterfactual row per
-              turn), the TE members (one forward per forecast sample), the forecast step (loss and backward, one
-              row per forecast sample, K=3, 4 samples per call)
-  (c) packed  the same signals branch-packed (``branch_pack=True``): one row per trajectory shared by info gain and
-              TE members (``cope_frozen_signals``), one row per trajectory for the forecast step
+  (a) grpo     a stock GRPO step: forward + backward of the trajectory batch (token-mean policy-gradient loss)
+  (b) signals  the CoPE signals as the trainer computes them: information gain of every turn and the TE members in
+               one call of the policy actor's ``cope_frozen_signals`` (``CoPEActorMethods``: one packed row per
+               trajectory serves both), then the forecast step, ``forecast.forecast_loss`` and backward, one
+               trajectory's samples per micro-batch (K=3) under ``branches.block_attention``, as the actor's
+               ``_forecast_share`` runs it
 
-Info gain and TE members run through the policy actor's own code (``CoPEActorMethods``) around the model.
+Each cell is run once to warm up, then ``--repeats`` times (default 3), (a) and (b) interleaved; the table shows
+medians with [min-max], and the ratio b/a as the median of the per-repeat ratios with [min-max].
 
-and prints the table with the ratios (b)/(a) and (c)/(a). Both paths compute the same values (checked here on
-the information gain and the forecast loss; tests/test_branches.py checks all of it to 1e-5).
+Cross-check (not timed): the packed path's values under the attention the trainer uses for it (``block_attention``:
+``cope_branch_sdpa`` on a CPU, flex attention on a GPU) against the same code under a dense boolean block mask
+with the model's own sdpa, for the information gain and the forecast loss (max |d| columns). That the packed layout
+equals the per-turn / per-sample computation is what tests/test_branches.py proves (1e-5).
 
-``--device cuda`` puts the model on the GPU (the packed path then runs flex attention, as the trainer does there):
-wall time is read after ``torch.cuda.synchronize``, and the memory columns are the growth of the peak GPU
-allocation over the phase instead of the resident set. ``--repeats N`` measures every (turns, path) N times,
-interleaved, and the table shows the medians (on a GPU the first calls of a shape compile kernels).
-``--json PATH`` also writes the medians, the ratios and the attention the packed path used.
+``--device cuda`` puts the model on the GPU: wall time is read after ``torch.cuda.synchronize``, and the memory
+columns are the growth of the peak GPU allocation over the phase instead of the resident set. ``--json PATH`` also
+writes the medians, the ratios and the attention the packed path used.
 
     .venv/bin/python benchmarks/signal_cost.py [--turns 5 10 20 40] [--batch 2] [--hidden 256] [--layers 4] [--vocab V]
-                                               [--device cpu|cuda] [--repeats N] [--json PATH]
+                                               [--device cpu|cuda] [--repeats 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from cope_rlhf.actor import CoPEActorMethods  # noqa: E402
 from cope_rlhf.branches import block_attention, dense_mask  # noqa: E402
 from cope_rlhf.cli.train_ppo_ray import build_parser  # noqa: E402
+from cope_rlhf.config import CoPEConfig  # noqa: E402
 from cope_rlhf.forecast import build_forecast_samples, forecast_loss  # noqa: E402
+from cope_rlhf.frozen_signals import frozen_signals  # noqa: E402
 from cope_rlhf.info_gain import position_ids_for  # noqa: E402
 from cope_rlhf.turns import unpadded_trajectories  # noqa: E402
 from tests.tiny_hf import agent_response, tiny_tokenizer, to_experience  # noqa: E402
@@ -147,56 +150,68 @@ def grpo_step(model, batch: Experience):
     return float(loss.detach())
 
 
-def forecast_step(run, samples, tok, branch_pack: bool, per_call: int, block_mask, device=None) -> float:
-    """L_AF with backward in micro-batches (gradient accumulation, as a trainer does): ``per_call`` samples per
-    call on the per-sample path, one trajectory per call packed. Each part is weighted by its share of the target
-    tokens, so the sum is L_AF of all samples. ``device``: where the model lives (the samples are moved there)."""
-    if branch_pack:
-        rows = sorted({s.row for s in samples})
-        parts = [[s for s in samples if s.row == r] for r in rows]
-    else:
-        parts = [samples[i : i + per_call] for i in range(0, len(samples), per_call)]
+def forecast_step(run, samples, block_mask, device=None) -> float:
+    """L_AF with backward in micro-batches of one trajectory's samples (gradient accumulation, as the actor cuts
+    them), each weighted by its share of the target tokens, so the sum is L_AF of all samples."""
+    parts = [[s for s in samples if s.row == r] for r in sorted({s.row for s in samples})]
     targets = lambda part: sum(sum(s.loss_mask[1:]) for s in part)  # noqa: E731
     total, value = targets(samples), 0.0
     for part in parts:
-        loss = forecast_loss(run, part, coef=0.01, pad_token_id=tok.pad_token_id, branch_pack=branch_pack,
-                             block_mask=block_mask, device=device)
-        loss = loss * (targets(part) / total)
+        loss = forecast_loss(run, part, coef=0.01, block_mask=block_mask, device=device) * (targets(part) / total)
         loss.backward()
         value += float(loss.detach())
     return value
 
 
-def actor_methods(model, branch_pack: bool, turns: int) -> CoPEActorMethods:
+def actor_methods(model, turns: int) -> CoPEActorMethods:
     """The policy actor's own signal code (``CoPEActorMethods``) around the benchmark model, every turn scored."""
     holder = object.__new__(CoPEActorMethods)
     holder.actor = Actor(model)
     holder.actor.packing_samples = False
     holder.strategy = SimpleNamespace(args=hierarchize(build_parser().parse_args(
-        ["--cope.branch_pack", str(branch_pack).lower(), "--cope.info_probe_tokens", "16",
-         "--cope.info_max_turns", str(turns)])))
+        ["--cope.info_probe_tokens", "16", "--cope.info_max_turns", str(turns)])))
     return holder
 
 
-def signals(model, tok, batch: Experience, turns: int, branch_pack: bool, cpu: dict):
-    """The three signals as the actor computes them; returns (info-gain token rewards, forecast loss) for the
-    cross-check, CPU seconds into ``cpu``. Info gain and TE members in one ``cope_frozen_signals`` call (packed:
-    shared rows; per-turn: one forward per turn and per forecast sample), then the forecast step (loss and
-    backward; packed under ``block_attention``, per-turn with the model's own sdpa)."""
+def logits_of(model):
+    return lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,  # noqa: E731
+                                              logits_to_keep=0 if keep is None else keep).logits
+
+
+def signals(model, tok, batch: Experience, turns: int, cpu: dict) -> None:
+    """The three signals as the trainer computes them (module docstring, (b)); CPU seconds per part into ``cpu``."""
     model.zero_grad(set_to_none=True)
     rows = unpadded_trajectories([batch])
     per_row = [build_forecast_samples(*rows[p], tok, k=3, row=p) for p in batch.index]
     clock = time.process_time()
-    (gain, _), _ = actor_methods(model, branch_pack, turns).cope_frozen_signals(
-        batch.sequences, batch.attention_mask, batch.action_mask, per_row, [rows[p] for p in batch.index])
+    actor_methods(model, turns).cope_frozen_signals(batch.sequences, batch.attention_mask, batch.action_mask, per_row,
+                                                    [rows[p] for p in batch.index])
     cpu["frozen"], clock = time.process_time() - clock, time.process_time()
-    run = lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,  # noqa: E731
-                                             logits_to_keep=0 if keep is None else keep).logits
-    with block_attention(model) if branch_pack else contextlib.nullcontext(dense_mask) as build:
-        loss = forecast_step(run, [s for row in per_row for s in row], tok, branch_pack, per_call=4,
-                             block_mask=build, device=next(model.parameters()).device)
+    with block_attention(model) as build:
+        forecast_step(logits_of(model), [s for row in per_row for s in row], build, next(model.parameters()).device)
     cpu["forecast"] = time.process_time() - clock
-    return gain, loss
+
+
+def cross_check(model, tok, batch: Experience, turns: int) -> tuple[float, float]:
+    """(max |d| of the information gain, |d| of the forecast loss) between the packed path under ``block_attention``
+    and under a dense boolean mask with the model's own sdpa."""
+    rows = unpadded_trajectories([batch])
+    samples = [s for p in batch.index for s in build_forecast_samples(*rows[p], tok, k=3, row=p)]
+    config = CoPEConfig(info_probe_tokens=16, info_max_turns=turns)
+    device = next(model.parameters()).device
+    values = []
+    with torch.no_grad():
+        for attention in (block_attention(model), contextlib.nullcontext(dense_mask)):
+            with attention as build:
+                (gain, _, _), _ = frozen_signals(logits_of(model), batch.sequences, batch.attention_mask,
+                                                 batch.action_mask, config, True, block_mask=build, device=device)
+                values.append((gain, float(forecast_loss(logits_of(model), samples, 0.01, build, device))))
+    (gain, loss), (dense_gain, dense_loss) = values
+    return float((gain - dense_gain).abs().max()), abs(loss - dense_loss)
+
+
+def spread(values: list) -> str:
+    return f"[{min(values):.2f}-{max(values):.2f}]"
 
 
 def main():
@@ -209,8 +224,8 @@ def main():
                         "real model's 150k makes the logits dominate memory")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where the model runs (cuda: the packed path uses flex attention, memory = GPU peak)")
-    parser.add_argument("--repeats", type=int, default=1, help="measurements per (turns, path), interleaved; the "
-                        "table shows their medians")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per (turns, path) after a warm-up, "
+                        "interleaved; the table shows their medians with [min-max]")
     parser.add_argument("--json", help="also write the medians, ratios and differences to this file")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -230,11 +245,10 @@ def main():
     # The signals take the batch where the experience maker hands it over (host memory; the actor's code moves
     # what it runs); the GRPO step reads it where the model is, as the trainer's update does.
     on_device = {n: copy.copy(b).to_device(device) if device.type == "cuda" else b for n, b in batches.items()}
-    signals(model, tok, batches[min(args.turns)], min(args.turns), True, {})  # warm-up
-    if device.type == "cuda":  # the per-turn path's kernels too, so its first measured call does not pay for them
-        signals(model, tok, batches[min(args.turns)], min(args.turns), False, {})
-    grpo_step(model, on_device[min(args.turns)])
-    jobs = [(n, name) for _ in range(args.repeats) for n in args.turns for name in ("grpo", "naive", "packed")]
+    for n in args.turns:  # warm-up: every cell once (allocator, kernels; on a GPU the first call of a shape compiles)
+        grpo_step(model, on_device[n])
+        signals(model, tok, batches[n], n, {})
+    jobs = [(n, name) for _ in range(args.repeats) for n in args.turns for name in ("grpo", "signals")]
     runs, part_runs = {}, {}
     for n, name in tqdm(jobs, desc="signal cost", unit="run"):
         if name == "grpo":
@@ -242,47 +256,45 @@ def main():
             runs.setdefault((n, name), []).append(measure(lambda: grpo_step(model, b), device))
         else:
             b, part_times = batches[n], {}
-            runs.setdefault((n, name), []).append(
-                measure(lambda: signals(model, tok, b, n, name == "packed", part_times), device))
-            part_runs.setdefault((n, name), []).append(part_times)
-    # medians of wall, CPU and memory; the values (for the cross-check) of the last measurement
-    results = {key: (*(statistics.median(m[i] for m in found) for i in range(3)), found[-1][3])
-               for key, found in runs.items()}
-    parts = {key: {k: statistics.median(p[k] for p in found) for k in ("frozen", "forecast")}
-             for key, found in part_runs.items()}
+            runs.setdefault((n, name), []).append(measure(lambda: signals(model, tok, b, n, part_times), device))
+            part_runs.setdefault(n, []).append(part_times)
+    checks = {n: cross_check(model, tok, batches[n], n) for n in args.turns}
+    median = lambda key, i: statistics.median(m[i] for m in runs[key])  # noqa: E731
     where = f"on {torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
     print(f"\nmodel: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {vocab}, float32, sdpa, {where}"
-          f"torch threads {torch.get_num_threads()}; batch {args.batch} trajectories; P=16, K=3, every turn scored"
-          + (f"; packed path: {packed_attention}; MiB = GPU peak" if device.type == "cuda" else "")
-          + (f"; medians of {args.repeats}" if args.repeats > 1 else ""))
-    head = (f"{'turns':>5} {'tokens':>6} | {'(a) grpo s':>10} {'cpu':>6} {'MiB':>6} | {'(b) naive s':>11} {'cpu':>6} "
-            f"{'MiB':>6} | {'(c) packed s':>12} {'cpu':>6} {'MiB':>6} | {'b/a wall':>8} {'cpu':>5} {'mem':>5} | "
-            f"{'c/a wall':>8} {'cpu':>5} {'mem':>5} | {'max |dIG|':>9} {'dL_AF':>8}")
+          f"torch threads {torch.get_num_threads()}; batch {args.batch} trajectories; P=16, K=3, every turn scored; "
+          f"packed path: {packed_attention}; medians of {args.repeats} [min-max]"
+          + ("; MiB = GPU peak" if device.type == "cuda" else ""))
+    head = (f"{'turns':>5} {'tokens':>6} | {'(a) grpo s':>10} {'[min-max]':>11} {'cpu':>6} {'MiB':>6} | "
+            f"{'(b) signals s':>13} {'[min-max]':>11} {'cpu':>6} {'MiB':>6} | {'b/a wall':>8} {'[min-max]':>11} "
+            f"{'cpu':>5} {'mem':>5} | {'max |dIG|':>9} {'dL_AF':>8}")
     print(head)
     print("-" * len(head))
-    ratio = lambda x, y: x / y if y > 0 else float("nan")  # noqa: E731
     report = {"device": str(device), "packed_attention": packed_attention, "repeats": args.repeats, "rows": []}
     for n in args.turns:
-        a, b, c = (results[n, k] for k in ("grpo", "naive", "packed"))
-        d_info = float((b[3][0] - c[3][0]).abs().max())
-        d_loss = abs(b[3][1] - c[3][1])
+        a, b = runs[n, "grpo"], runs[n, "signals"]
+        # paired by repeat: each (b) ran right after its (a), so slow phases of the machine hit both
+        wall = [y[0] / x[0] for x, y in zip(a, b)]
+        cpu = [y[1] / x[1] for x, y in zip(a, b)]
+        mem = [y[2] / x[2] if x[2] > 0 else float("nan") for x, y in zip(a, b)]
+        d_info, d_loss = checks[n]
         tokens = int(batches[n].attention_mask.sum(-1).max())
-        print(f"{n:>5} {tokens:>6} | {a[0]:>10.2f} {a[1]:>6.1f} {a[2]:>6.0f} | "
-              f"{b[0]:>11.2f} {b[1]:>6.1f} {b[2]:>6.0f} | {c[0]:>12.2f} {c[1]:>6.1f} {c[2]:>6.0f} | "
-              f"{ratio(b[0], a[0]):>8.2f} {ratio(b[1], a[1]):>5.2f} {ratio(b[2], a[2]):>5.2f} | "
-              f"{ratio(c[0], a[0]):>8.2f} {ratio(c[1], a[1]):>5.2f} {ratio(c[2], a[2]):>5.2f} | "
-              f"{d_info:>9.1e} {d_loss:>8.1e}")
+        print(f"{n:>5} {tokens:>6} | {median((n, 'grpo'), 0):>10.2f} {spread([x[0] for x in a]):>11} "
+              f"{median((n, 'grpo'), 1):>6.1f} {median((n, 'grpo'), 2):>6.0f} | "
+              f"{median((n, 'signals'), 0):>13.2f} {spread([y[0] for y in b]):>11} {median((n, 'signals'), 1):>6.1f} "
+              f"{median((n, 'signals'), 2):>6.0f} | {statistics.median(wall):>8.2f} {spread(wall):>11} "
+              f"{statistics.median(cpu):>5.2f} {statistics.median(mem):>5.2f} | {d_info:>9.1e} {d_loss:>8.1e}")
         report["rows"].append({
-            "turns": n, "tokens": tokens, **{f"{k}_{f}": results[n, k][i] for k in ("grpo", "naive", "packed")
+            "turns": n, "tokens": tokens, **{f"{k}_{f}": median((n, k), i) for k in ("grpo", "signals")
                                              for i, f in enumerate(("wall_s", "cpu_s", "mib"))},
-            "naive_over_grpo_wall": ratio(b[0], a[0]), "packed_over_grpo_wall": ratio(c[0], a[0]),
-            "max_abs_d_info_gain": d_info, "abs_d_forecast_loss": d_loss})
-    print("\nCPU seconds per part, as a fraction of (a)'s CPU time: info gain + TE members (one call) / forecast step")
+            "signals_over_grpo_wall": statistics.median(wall), "signals_over_grpo_wall_min": min(wall),
+            "signals_over_grpo_wall_max": max(wall), "max_abs_d_info_gain": d_info, "abs_d_forecast_loss": d_loss})
+    print("\nCPU seconds per part of (b), as a fraction of (a)'s CPU time (medians): info gain + TE members (one call) "
+          "/ forecast step")
     for n in args.turns:
-        a = results[n, "grpo"][1]
-        line = "   ".join(f"{v}: " + " / ".join(f"{parts[n, v][k] / a:.2f}" for k in ("frozen", "forecast"))
-                           for v in ("naive", "packed"))
-        print(f"{n:>5} turns   {line}")
+        a = median((n, "grpo"), 1)
+        fractions = [statistics.median(p[k] for p in part_runs[n]) / a for k in ("frozen", "forecast")]
+        print(f"{n:>5} turns   {fractions[0]:.2f} / {fractions[1]:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

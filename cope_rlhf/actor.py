@@ -40,26 +40,21 @@ stand-in), as ZeRO-3's parameter gathering requires. The separate pass must also
 window: ``cope_forecast_step`` counts the PPO pass's micro-steps and refuses a count that is not a multiple of the
 window (DeepSpeed would otherwise take the PPO optimizer step inside the forecast pass, on both gradients mixed).
 
-Remote methods for the experience maker (no gradient, pre-update weights): ``cope_frozen_signals`` (what the
-maker calls: both of the next two, branch-packed on shared rows when both are on), ``cope_info_gain`` (per-token
-intrinsic reward of the masked-feedback counterfactual) and ``cope_te_members`` (top-M forecast members).
-All logits here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does. Each of
-them runs as many forwards on every data-parallel rank as the busiest rank needs (``_same_forward_count``: the
-others run one-token dummies), although ranks hold different rows: under ZeRO-3 uneven counts would hang.
-
-``BRANCH_PACK`` (``--cope.branch_pack``, default on) picks how all three are computed, not what: one packed forward
-per trajectory, its turns as branches under a block mask (``cope_rlhf.branches``), with the model switched by
-``block_attention`` to an attention implementation that takes one (flash attention cannot) for the whole call,
-backward included (gradient checkpointing re-runs the forward there). The per-turn path runs instead when
-ring attention is on (``ds.ring_attn_size > 1``: the sequence is split over ranks, a block mask over the whole
-row cannot be) and, for info gain, when a row's attention mask has holes (logged as a warning: the values
-are the same either way, only the cost differs).
+The experience maker's remote method ``cope_frozen_signals`` (no gradient, pre-update weights) returns the
+information-gain token rewards and the TE members of a batch, from ``frozen_signals.frozen_signals``: one packed
+forward per trajectory, its turns and forecast samples as branches under a block mask (``cope_rlhf.branches``). The
+forecast loss is packed the same way (``forecast.forecast_loss``). For both the model is switched by
+``block_attention`` to an attention implementation that takes a block mask (flash attention cannot), for the whole
+call, backward included (gradient checkpointing re-runs the forward there). Ring attention (``ds.ring_attn_size > 1``,
+the sequence split over ranks, so no rank holds a whole row to mask) is refused, as the CLI refuses it. All logits
+here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does. Each call runs as
+many forwards on every data-parallel rank as the busiest rank needs (``_same_forward_count``: the others run
+one-token dummies), although ranks hold different rows: under ZeRO-3 uneven counts would hang.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -68,23 +63,17 @@ import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
-from cope_rlhf.branches import BlockMaskFn, block_attention, contiguous_span, dense_mask, run_requests
+from cope_rlhf.branches import BlockMaskFn, block_attention
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import (ForecastSample, collate_forecast_samples, forecast_nll, kept_logit_columns,
-                                pack_forecast_samples, packed_forecast_nll)
-from cope_rlhf.info_gain import (info_gain_rewards, plan_probes, position_ids_for, probe_requests, probe_values,
-                                 spread_rewards)
-from cope_rlhf.temporal_ensemble import (collect_members, later_forecasts, member_logits, member_requests,
-                                         mixture_target, split_members, te_kl, te_lambda)
-from cope_rlhf.turns import Turn, turn_spans
+from cope_rlhf.forecast import ForecastSample, forecast_loss
+from cope_rlhf.frozen_signals import frozen_signals
+from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
 
 FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
 TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
 UPDATES_STATE = "cope_updates"  # checkpoint client state: PPO updates so far (TE_WARMUP_STEPS counts them)
 EMPTY_MICRO_BATCH_TOKENS = 1e-9  # ppo_train's token weight for a micro-batch the filter emptied (see training_step)
 STAND_IN = ForecastSample([0, 0], [0, 1], row=-1, turn=0, weight=0.0)  # a forecast forward with no weight
-
-logger = logging.getLogger(__name__)
 
 
 def _device(module: torch.nn.Module) -> torch.device:
@@ -143,114 +132,41 @@ class CoPEActorMethods:
         )
         return out["logits"].float() / getattr(self.actor, "temperature", 1.0)
 
-    def _cope_branch_pack(self, config: CoPEConfig) -> bool:
-        return config.branch_pack and self.strategy.args.ds.ring_attn_size <= 1
-
-    def _cope_attention(self, branch_pack: bool):
-        """``block_attention`` on the actor's model when packing, else its own attention (the builder is unused)."""
-        return block_attention(self.actor.model) if branch_pack else contextlib.nullcontext(dense_mask)
+    def _cope_attention(self):
+        """``block_attention`` on the actor's model: an attention implementation that takes the packed rows' block
+        mask (yields its builder)."""
+        if self.strategy.args.ds.ring_attn_size > 1:
+            raise ValueError("the CoPE signals do not support ring attention (a rank holds a slice of each row, so no "
+                             "block mask can be built for it): use --ds.ring_attn_size 1")
+        return block_attention(self.actor.model)
 
     @contextlib.contextmanager
-    def _pre_update_forwards(self, branch_pack: bool) -> Iterator[BlockMaskFn]:
-        """The setting of the no-gradient CoPE forwards: the model in eval mode, the attention ``branch_pack`` needs
-        (yields its mask builder), and the same forward count on every data-parallel rank."""
+    def _pre_update_forwards(self) -> Iterator[BlockMaskFn]:
+        """The setting of the no-gradient CoPE forwards: the model in eval mode under ``_cope_attention`` (yields its
+        mask builder), and the same forward count on every data-parallel rank."""
         was_training = self.actor.training
         with self._same_forward_count():
             self.actor.eval()
             try:
-                with self._cope_attention(branch_pack) as build:
+                with self._cope_attention() as build:
                     yield build
             finally:
                 self.actor.train(was_training)
 
     @torch.no_grad()
-    def cope_info_gain(self, sequences, attention_mask, action_mask):
-        """(per-token intrinsic reward (B, A) on CPU, metrics) for one batch."""
-        config = CoPEConfig.from_args(self.strategy.args)
-        pack = self._cope_branch_pack(config)
-        holes = pack and _row_holes(attention_mask)
-        if holes:
-            logger.warning("info gain: per-turn path for this batch (same values, one forward per turn): %s", holes)
-            pack = False
-        with self._pre_update_forwards(pack) as build:
-            rewards, _, metrics = info_gain_rewards(
-                self._cope_logits, sequences, attention_mask, action_mask,
-                probe_tokens=config.info_probe_tokens, max_turns=config.info_max_turns,
-                rows_per_forward=config.info_kl_batch, branch_pack=pack, block_mask=build,
-            )
-        return rewards.cpu(), metrics
-
-    @torch.no_grad()
-    def cope_te_members(self, samples: List[ForecastSample], tokens: List[int], turns: List[Turn]):
-        """Top-M members of one trajectory's action tokens, from its own forecast samples."""
-        config = CoPEConfig.from_args(self.strategy.args)
-        pack = self._cope_branch_pack(config)
-        with self._pre_update_forwards(pack) as build:
-            trimmed, logits = member_logits(
-                self._cope_logits, samples, branch_pack=pack, rows_per_forward=config.te_micro_batch_size_per_gpu,
-                block_mask=build, device=_device(self.actor.model),
-            )
-        return _members(trimmed, logits, tokens, turns)
-
-    @torch.no_grad()
     def cope_frozen_signals(self, sequences, attention_mask, action_mask, samples=None, trajectories=None,
                             info_gain: bool = True):
-        """Both pre-update signals of one batch: (``cope_info_gain``'s result or None, ``cope_te_members``' result
-        per row or None); ``samples[i]`` and ``trajectories[i]`` = (tokens, turns) are row i's, None without TE.
-        With both on and branch packing, a trajectory's probes and its forecast samples share one packed row
-        (``branches.run_requests``): its trunk runs once for the two. Otherwise the two methods run in turn."""
+        """The pre-update signals of one batch (``frozen_signals.frozen_signals``): (information gain as (token
+        rewards (B, A) on CPU, metrics), or None when ``info_gain`` is off; TE members per row, or None when
+        ``samples`` is None). ``samples[i]`` and ``trajectories[i]`` = (tokens, turns) are row i's."""
         config = CoPEConfig.from_args(self.strategy.args)
-        # rows with holes: cope_info_gain warns and takes its per-turn path
-        fused = info_gain and samples is not None and self._cope_branch_pack(config) and not _row_holes(attention_mask)
-        if not fused:
-            with self._same_forward_count():  # one count for the whole call: ranks may hold different numbers of rows
-                gain = self.cope_info_gain(sequences, attention_mask, action_mask) if info_gain else None
-                members = (None if samples is None
-                           else [self.cope_te_members(s, *t) for s, t in zip(samples, trajectories)])
-            return gain, members
-        turns = turn_spans(action_mask, sequences.shape[1], attention_mask)
-        probes = plan_probes(turns, config.info_probe_tokens, config.info_max_turns)
-        probes_of, forecasts_of, requests = {}, {}, {}
-        for mine, request in zip(*probe_requests(sequences, attention_mask, probes)):
-            probes_of[mine[0].row] = mine
-            requests[mine[0].row] = [request]
-        for i, row_samples in enumerate(samples):
-            kept, cuts, trimmed = later_forecasts(row_samples)
-            if kept:
-                (request,) = member_requests(kept, cuts)[1]  # one trajectory: one request
-                forecasts_of[i] = cuts, trimmed
-                requests.setdefault(i, []).append(request)
-        order = sorted(requests)
-        with self._pre_update_forwards(True) as build:
-            per_forward = min(config.info_kl_batch, config.te_micro_batch_size_per_gpu)
-            out = dict(zip(order, run_requests(self._cope_logits, [requests[i] for i in order], build,
-                                               rows_per_forward=per_forward, device=_device(self.actor.model))))
-        values = {p: v for i, mine in probes_of.items() for p, v in zip(mine, probe_values(mine, out[i][0]))}
-        rewards, _, metrics = spread_rewards(turns, probes, [values[p] for p in probes], action_mask,
-                                             sequences.shape[1])
-        members = []
-        for i, (tokens, row_turns) in enumerate(trajectories):
-            cuts, trimmed = forecasts_of.get(i, ([], []))
-            logits = split_members(cuts, out[i][-1]) if trimmed else []
-            members.append(_members(trimmed, logits, tokens, row_turns))
-        return (rewards.cpu(), metrics), members
-
-
-def _row_holes(attention_mask: torch.Tensor) -> Optional[str]:
-    """Why the rows cannot be branch-packed (a row's attention mask has holes), or None."""
-    try:
-        for row in attention_mask:
-            contiguous_span(row)
-    except ValueError as error:
-        return str(error)
-    return None
-
-
-def _members(trimmed: List[ForecastSample], logits: List[torch.Tensor], tokens: List[int], turns: List[Turn]):
-    """``cope_te_members``' result: one trajectory's covered positions and their top-M members, and metrics."""
-    targets, probs, ids, valid, metrics = collect_members(trimmed, logits, {s.row: (tokens, turns) for s in trimmed})
-    positions = torch.tensor([pos for _, pos in targets], dtype=torch.long)
-    return {"positions": positions, "probs": probs, "ids": ids, "valid": valid}, metrics
+        with self._pre_update_forwards() as build:
+            gain, members = frozen_signals(self._cope_logits, sequences, attention_mask, action_mask, config,
+                                           info_gain, samples, trajectories, build, _device(self.actor.model))
+        if gain is not None:
+            rewards, _, metrics = gain
+            gain = rewards.cpu(), metrics
+        return gain, members
 
 
 class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
@@ -378,15 +294,14 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
 
     def _forecast_parts_with_targets(self, count: int, per_window: int) -> List[Tuple[List[ForecastSample], float]]:
         """This rank's forecast samples (then forgotten) cut into ``count`` parts, each with the target-token count
-        of its window of ``per_window`` consecutive parts over all ranks (its normaliser N_target). With branch
-        packing the cuts fall between trajectories, so that a trajectory's samples share one trunk."""
+        of its window of ``per_window`` consecutive parts over all ranks (its normaliser N_target). The cuts fall
+        between trajectories, so that a trajectory's samples share one packed row."""
         samples = self.__dict__.pop("cope_forecast_samples", [])
         if count == 0:
             return []
-        by_trajectory = self._cope_branch_pack(self.cope)
         units: Dict[int, List[ForecastSample]] = {}
-        for i, s in enumerate(samples):
-            units.setdefault(s.row if by_trajectory else i, []).append(s)
+        for s in samples:
+            units.setdefault(s.row, []).append(s)
         units = list(units.values())
         chunk = -(-len(units) // count)
         parts = [[s for unit in units[c * chunk : (c + 1) * chunk] for s in unit] for c in range(count)]
@@ -398,24 +313,13 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         """One forecast micro-step's loss, coef * sum_i w_i sum_target nll / n_target, scaled for OpenRLHF's
         backward (times dp_size * gas: DeepSpeed divides every loss by gas and averages gradients over ranks).
         Runs one forward even for an empty part (a zero-weight stand-in), so that every rank runs as many."""
-        pack = self._cope_branch_pack(self.cope)
         real = bool(samples) and n_target > 0
         part = samples if real else [STAND_IN]
         self.actor.train()
-        with self._cope_attention(pack) as build:
-            if pack:
-                keep, packed = kept_logit_columns(pack_forecast_samples(part))
-                logits = self._cope_logits(packed.rows.input_ids, build(packed.rows), packed.rows.position_ids, keep)
-                nll, targets = packed_forecast_nll(logits, packed, self.cope.action_forecast_coef), len(packed.labels)
-            else:
-                ids, attn, loss_mask, weights = collate_forecast_samples(part, 0)
-                first = int(loss_mask[:, 1:].nonzero()[:, 1].min()) + 1
-                keep = ids.shape[1] - first + 1  # logits from the position before the first target token on
-                logits = self._cope_logits(ids, attn, position_ids_for(attn), keep)
-                dev = logits.device
-                nll = forecast_nll(logits, ids[:, -keep:].to(dev), loss_mask[:, -keep:].to(dev), weights.to(dev),
-                                   self.cope.action_forecast_coef)
-                targets = int(loss_mask[:, 1:].sum())
+        with self._cope_attention() as build:
+            nll = forecast_loss(self._cope_logits, part, self.cope.action_forecast_coef, build,
+                                _device(self.actor.model))
+        targets = sum(sum(s.loss_mask[1:]) for s in part)
         # nll is a mean over this part's targets: make it a sum over n_target
         share = nll * (targets / n_target) if real else nll * 0.0
         return share * self._dp_size() * getattr(self.strategy, "accumulated_gradient", 1)

@@ -273,7 +273,8 @@ def contiguous_span(attention_mask_row: torch.Tensor) -> Tuple[int, int]:
     first, end = int(valid[0]), int(valid[-1]) + 1
     if end - first != len(valid):
         raise ValueError(
-            "branch packing needs each row's attention_mask to be one run of ones (left or right padding only); "
-            "this row has holes: use branch_pack=False (BRANCH_PACK=0) for such batches"
+            f"the CoPE signals pack each row as one run of tokens, but this row's attention_mask has holes (valid "
+            f"tokens {first}..{end - 1} with {end - first - len(valid)} masked among them); OpenRLHF's experiences "
+            "are left- or right-padded only: build rows whose valid tokens are contiguous"
         )
     return first, end

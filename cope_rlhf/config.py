@@ -3,8 +3,6 @@
 Precedence: ``--cope.<name>`` flag > environment variable ``<NAME>`` > built-in default. The built-in
 defaults turn every signal off, so a run without CoPE settings is OpenRLHF's stock GRPO:
 ``ACTION_FORECAST_ENABLE``, ``TE_ENABLE``, ``GRPO_FILTER_DEGENERATE`` false and ``INFO_INTRINSIC_WEIGHT`` 0.
-``BRANCH_PACK`` (default on) is no signal: it picks how the signals are computed (``cope_rlhf.branches``: one
-forward per trajectory with the turns as branches, instead of one forward per turn), with the same values.
 ``EVAL_FIRST_AND_LAST`` and ``EVAL_DISPATCH_SIZE`` are no signals either: when and how the held-out set is
 evaluated (``cope_rlhf.ppo_trainer``).
 
@@ -91,9 +89,8 @@ class CoPEConfig:
     info_gate_temp: float = 0.05
     info_max_turns: int = 8
     info_probe_tokens: int = 16
-    info_kl_batch: int = 2  # trajectories (per-turn path: rows) per forward when computing information gain
+    info_kl_batch: int = 2  # trajectories per forward when computing information gain
     grpo_filter_degenerate: bool = False
-    branch_pack: bool = True  # how the signals are computed, not a signal: same values, one forward per trajectory
     eval_first_and_last: bool = False  # not a signal: also a held-out eval before step 1 and after the last step
     eval_dispatch_size: int = 0  # not a signal: held-out prompts dispatched at once; 0 = rollout.batch_size
 
@@ -170,7 +167,6 @@ PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "info_probe_tokens": _keep(_number(int, 1), int),
     "info_kl_batch": _keep(_number(int, 1), int),
     "grpo_filter_degenerate": _keep(_parse_bool, bool),
-    "branch_pack": _keep(_parse_bool, bool),
     "eval_first_and_last": _keep(_parse_bool, bool),
     "eval_dispatch_size": _keep(_number(int, 0), int),
 }

@@ -31,10 +31,11 @@ samples, rescaled so that the mean weight over all samples is 1; otherwise every
 
     L_AF = coef * sum_i w_i * sum_{target tokens} -log pi_theta(y | prefix) / N_target_tokens
 
-Branch packing (``forecast_loss(..., branch_pack=True)``, ``pack_forecast_samples``): a sample is its
-trajectory's first ``prefix_len`` tokens plus a short branch (plan-ahead message and target), so a trajectory's
-samples run as one row, the trajectory once and each sample's branch after it (``cope_rlhf.branches``); the
-loss and its gradient are the per-sample path's. A truncated sample shares nothing (``prefix_len`` 0).
+The loss runs branch-packed (``forecast_loss``, ``pack_forecast_samples``): a sample is its trajectory's first
+``prefix_len`` tokens plus a short branch (plan-ahead message and target), so a trajectory's samples run as one row,
+the trajectory once and each sample's branch after it (``cope_rlhf.branches``), the LM head only at the columns that
+predict a target token. A truncated sample shares nothing (``prefix_len`` 0). The loss and its gradient equal the
+per-sample computation (one collated row per sample), the reference in ``tests/signal_references.py``.
 """
 
 from __future__ import annotations
@@ -282,34 +283,6 @@ def forecast_samples_from_experiences(
     return samples, metrics
 
 
-def collate_forecast_samples(
-    samples: Sequence[ForecastSample], pad_token_id: int
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids, attention_mask, loss_mask`` (S, L) and ``weights`` (S,)."""
-    length = max(len(s.input_ids) for s in samples)
-    input_ids = torch.full((len(samples), length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(samples), length), dtype=torch.long)
-    loss_mask = torch.zeros((len(samples), length), dtype=torch.long)
-    for i, s in enumerate(samples):
-        input_ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
-        attention_mask[i, : len(s.input_ids)] = 1
-        loss_mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask)
-    return input_ids, attention_mask, loss_mask, torch.tensor([s.weight for s in samples])
-
-
-def forecast_nll(
-    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, weights: torch.Tensor, coef: float = 1.0
-) -> torch.Tensor:
-    """L_AF from the model's logits on collated samples (logits at j predict input_ids at j+1)."""
-    log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    token_nll = -log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    mask = loss_mask[:, 1:].float()
-    total = mask.sum()
-    if total == 0:
-        return logits.sum() * 0.0
-    return coef * (weights.float().unsqueeze(1) * token_nll * mask).sum() / total
-
-
 def trajectory_branches(
     samples: Sequence[ForecastSample], ends: Optional[Sequence[int]] = None
 ) -> List[Tuple[List[int], List[int], List[Branch]]]:
@@ -373,7 +346,7 @@ def pack_forecast_samples(samples: Sequence[ForecastSample]) -> PackedForecast:
 
 
 def packed_forecast_nll(logits: torch.Tensor, packed: PackedForecast, coef: float = 1.0) -> torch.Tensor:
-    """L_AF from the logits of the packed rows; equals ``forecast_nll`` on the same samples collated."""
+    """L_AF from the logits of the packed rows (``logit_index`` points at the logits that predict each label)."""
     if len(packed.labels) == 0:
         return logits.sum() * 0.0
     index = packed.logit_index.to(logits.device)
@@ -386,25 +359,15 @@ def forecast_loss(
     logits_fn: Callable,
     samples: Sequence[ForecastSample],
     coef: float = 1.0,
-    pad_token_id: int = 0,
-    branch_pack: bool = False,
     block_mask: BlockMaskFn = dense_mask,
     device=None,
 ) -> torch.Tensor:
-    """L_AF of ``samples`` through ``logits_fn(input_ids, attention_mask, position_ids, keep)`` (with gradient,
-    see ``info_gain.LogitsFn``): the samples collated and run one by one row (the reference, full logits), or,
-    with ``branch_pack``, as branches off their trajectories, ``logits_fn`` getting ``block_mask(rows)`` as its
-    attention mask and asked for the target-predicting columns only."""
-    if not branch_pack:
-        input_ids, attention_mask, loss_mask, weights = collate_forecast_samples(samples, pad_token_id)
-        position_ids = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-        logits = logits_fn(input_ids.to(device), attention_mask.to(device), position_ids.to(device), None)
-        on = logits.device
-        return forecast_nll(logits, input_ids.to(on), loss_mask.to(on), weights.to(on), coef)
-    packed = pack_forecast_samples(samples)
+    """L_AF of ``samples`` (with gradient), as branches off their trajectories, through ``logits_fn(input_ids,
+    block_mask(rows), position_ids, keep)`` (see ``info_gain.LogitsFn``), asked for the target-predicting columns
+    only. What the actor trains (``CoPEActorPPOTrainer._forecast_share``)."""
+    keep, packed = kept_logit_columns(pack_forecast_samples(samples))
     mask = block_mask(packed.rows)
     mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask
-    keep, packed = kept_logit_columns(packed)
     logits = logits_fn(packed.rows.input_ids.to(device), mask, packed.rows.position_ids.to(device), keep.to(device))
     return packed_forecast_nll(logits, packed, coef)
 

@@ -15,16 +15,16 @@ masks keys (eager, SDPA) or drops masked tokens (flash-attention's unpadding).
 r_t is written on every action token of turn t (as upstream CoPE does: spreading r_t / len(turn t) would, after
 the batch-wide z-score of the advantage, favour short turns); all other tokens get 0.
 
-Branch packing (``branch_pack=True``, see ``cope_rlhf.branches``): the counterfactual of turn t differs
-from the real sequence only from the block's last token on, so each turn needs just the P tokens
-``[action_start - 1, action_start - 1 + P)`` recomputed, as a branch that sees the trajectory before the block:
-one forward of the trajectory plus P tokens per scored turn, instead of one forward per turn.
+The counterfactual of turn t differs from the real sequence only from the block's last token on, so each turn needs
+just the P tokens ``[action_start - 1, action_start - 1 + P)`` recomputed, as a branch off the trajectory that sees
+it before the block (``probe_requests``; ``cope_rlhf.frozen_signals`` runs them, one packed row per trajectory): one
+forward of the trajectory plus P tokens per scored turn, instead of one forward per turn. The per-turn computation
+it equals is the reference in ``tests/signal_references.py``.
 
 Everything runs through ``logits_fn(sequences, attention_mask, position_ids, keep) -> logits``, so a HF model
 and an OpenRLHF actor serve alike: ``(rows, L, V)``, or with ``keep`` (sorted column indices)
-``(rows, len(keep), V)``, the LM head run at those columns only (HF's ``logits_to_keep``); both paths ask for
-the probe columns only. Position ids follow OpenRLHF's ``Actor.forward`` convention (``cumsum(attention_mask) -
-1``, padding at 1).
+``(rows, len(keep), V)``, the LM head run at those columns only (HF's ``logits_to_keep``). Position ids follow
+OpenRLHF's ``Actor.forward`` convention (``cumsum(attention_mask) - 1``, padding at 1; ``position_ids_for``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from cope_rlhf.branches import (Branch, BlockMaskFn, RowRequest, contiguous_span, dense_mask, logit_columns,
-                                run_requests)
-from cope_rlhf.turns import Turn, action_offset, turn_spans
+from cope_rlhf.branches import Branch, RowRequest, contiguous_span
+from cope_rlhf.turns import Turn, action_offset
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 
@@ -71,43 +70,10 @@ def probe_kl(real_logits: torch.Tensor, masked_logits: torch.Tensor) -> torch.Te
     return (real.exp() * (real - masked)).sum(-1).mean()
 
 
-@torch.no_grad()
-def info_gain_rewards(
-    logits_fn: LogitsFn,
-    sequences: torch.Tensor,
-    attention_mask: torch.Tensor,
-    action_mask: torch.Tensor,
-    probe_tokens: int = 16,
-    max_turns: int = 8,
-    rows_per_forward: int = 16,
-    branch_pack: bool = False,
-    block_mask: BlockMaskFn = dense_mask,
-) -> Tuple[torch.Tensor, List[List[float]], Dict[str, float]]:
-    """Per-token intrinsic reward ``(B, A)`` aligned with ``action_mask``, per-turn r_t (0 for unscored
-    turns), and metrics. Runs the real rows that have a scored turn, then one counterfactual row per scored
-    turn, ``rows_per_forward`` rows per call, each cut after its last probe position (attention is causal).
-
-    ``branch_pack``: instead, one packed row per trajectory (``rows_per_forward`` trajectories per call), the
-    counterfactuals as short branches off it; ``logits_fn`` then gets ``block_mask(packed)`` (default: the
-    boolean 4D mask HF sdpa takes) as its attention mask. Same values; the naive path is the reference."""
-    turns = turn_spans(action_mask, sequences.shape[1], attention_mask)
-    probes = plan_probes(turns, probe_tokens, max_turns)
-    if not probes:
-        values = []
-    elif branch_pack:
-        rows, requests = probe_requests(sequences, attention_mask, probes)
-        out = run_requests(logits_fn, [[q] for q in requests], block_mask, rows_per_forward, sequences.device)
-        found = {p: v for row, (logits,) in zip(rows, out) for p, v in zip(row, probe_values(row, logits))}
-        values = [found[p] for p in probes]
-    else:
-        values = _naive_values(logits_fn, sequences, attention_mask, position_ids_for(attention_mask), probes,
-                               rows_per_forward)
-    return spread_rewards(turns, probes, values, action_mask, sequences.shape[1])
-
-
 def spread_rewards(turns: List[List[Turn]], probes: List[Probe], values: List[float], action_mask: torch.Tensor,
                    length: int) -> Tuple[torch.Tensor, List[List[float]], Dict[str, float]]:
-    """``info_gain_rewards``' result from each probe's r_t: r_t on every action token of the turn."""
+    """(token rewards ``(B, A)`` aligned with ``action_mask``, per-turn r_t (0 for unscored turns), metrics) from
+    each probe's r_t: r_t on every action token of the turn."""
     offset = action_offset(length, action_mask.shape[1])
     token_rewards = torch.zeros(action_mask.shape, dtype=torch.float32, device=action_mask.device)
     turn_rewards = [[0.0] * len(row_turns) for row_turns in turns]
@@ -119,40 +85,6 @@ def spread_rewards(turns: List[List[Turn]], probes: List[Probe], values: List[fl
         token_rewards[p.row, turn.action_start - offset : turn.action_end - offset] = value
     metrics = {"cope/info_reward_mean": sum(values) / len(values), "cope/info_turns_scored": len(values)}
     return token_rewards, turn_rewards, metrics
-
-
-def _naive_values(logits_fn, sequences, attention_mask, position_ids, probes, rows_per_forward) -> List[float]:
-    """The reference: the real rows, then one counterfactual row per probe, masked by a 2D attention mask."""
-    # Only the probe positions' logits are kept (cloned), so peak memory is one chunk's (rows, L, V).
-    real_logits = {}
-    probed_rows = sorted({p.row for p in probes})
-    for c in range(0, len(probed_rows), rows_per_forward):
-        chunk = probed_rows[c : c + rows_per_forward]
-        length = max(p.positions[1] for p in probes if p.row in chunk)
-        keep, where = logit_columns(_probe_columns([p for p in probes if p.row in chunk]), length)
-        logits = logits_fn(sequences[chunk, :length], attention_mask[chunk, :length], position_ids[chunk, :length],
-                           keep.to(sequences.device))
-        for i, row in enumerate(chunk):
-            for p in probes:
-                if p.row == row:
-                    real_logits[p] = logits[i, where[p.positions[0] : p.positions[1]]].clone()
-        del logits
-    values = []
-    for c in range(0, len(probes), rows_per_forward):
-        chunk = probes[c : c + rows_per_forward]
-        rows = [p.row for p in chunk]
-        length = max(p.positions[1] for p in chunk)
-        masked_attention = attention_mask[rows, :length].clone()
-        for i, p in enumerate(chunk):
-            masked_attention[i, p.masked[0] : p.masked[1]] = 0
-        keep, where = logit_columns(_probe_columns(chunk), length)
-        masked_logits = logits_fn(sequences[rows, :length], masked_attention, position_ids[rows, :length],
-                                  keep.to(sequences.device))
-        for i, p in enumerate(chunk):
-            a, b = p.positions
-            values.append(float(probe_kl(real_logits[p], masked_logits[i, where[a:b]])))
-        del masked_logits
-    return values
 
 
 def _probe_columns(probes: List[Probe], shift: int = 0) -> torch.Tensor:

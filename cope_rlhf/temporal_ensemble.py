@@ -26,19 +26,20 @@ normalised q it equals KL(pi_theta || q) exactly. eta < 1 (with eta = 1, q has n
 top-M and the KL explodes). lambda is 0 while the global step, counted from 1 as OpenRLHF's ``global_steps`` and
 upstream CoPE count it, is below ``TE_WARMUP_STEPS``.
 
-The members' logits come from ``member_logits``: one forward per forecast sample (the reference), or with
-``branch_pack`` one forward per trajectory, its samples as branches off it (``cope_rlhf.branches``).
+The members' logits come from one packed row per trajectory, its forecast samples as branches off it
+(``member_requests``, run by ``cope_rlhf.frozen_signals``); the per-sample forwards they equal are the reference in
+``tests/signal_references.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.branches import BlockMaskFn, RowRequest, dense_mask, run_requests
+from cope_rlhf.branches import RowRequest
 from cope_rlhf.forecast import ForecastSample, branch_columns, trajectory_branches
 from cope_rlhf.turns import Turn
 
@@ -139,40 +140,9 @@ def te_loss(policy_logits: torch.Tensor, q: torch.Tensor, lam: float) -> torch.T
     return lam * te_kl(policy_logits, q).mean()
 
 
-@torch.no_grad()
-def member_logits(
-    logits_fn: Callable,
-    samples: Sequence[ForecastSample],
-    branch_pack: bool = False,
-    rows_per_forward: int = 8,
-    block_mask: BlockMaskFn = dense_mask,
-    device=None,
-) -> Tuple[List[ForecastSample], List[torch.Tensor]]:
-    """The frozen policy's logits for ``collect_members``: the samples that forecast a later turn, each cut to
-    ``[first, end)`` around its later slots (slots shifted to match), and their logits there (cpu, float32).
-
-    Per sample one forward of ``input_ids[:end]`` (the reference), or, with ``branch_pack``, the samples of
-    ``rows_per_forward`` trajectories per forward as branches off them (``forecast.trajectory_branches``). Either
-    way ``logits_fn`` is asked for the slot columns only (its ``keep``, see ``info_gain.LogitsFn``)."""
-    kept, cuts, trimmed = later_forecasts(samples)
-    if not branch_pack:
-        logits = []
-        for s, (first, end) in zip(kept, cuts):
-            ids = torch.tensor([s.input_ids[:end]], device=device)
-            out = logits_fn(ids, torch.ones_like(ids), torch.arange(end, device=device)[None],
-                            torch.arange(first, end, device=device))
-            logits.append(out[0].float().cpu())
-        return trimmed, logits
-    groups, requests = member_requests(kept, cuts)
-    out = run_requests(logits_fn, [[q] for q in requests], block_mask, rows_per_forward, device)
-    by_sample = {i: x for group, (row_logits,) in zip(groups, out) for i, x in zip(group, split_members(
-        [cuts[i] for i in group], row_logits))}
-    return trimmed, [by_sample[i] for i in range(len(kept))]
-
-
 def later_forecasts(samples: Sequence[ForecastSample]):
-    """The samples that forecast a later turn, their cut ``(first, end)`` around those slots, and the samples
-    trimmed to the cut (slots shifted to match)."""
+    """The samples that forecast a later turn, their cut ``(first, end)`` around those slots (the columns whose
+    logits ``collect_members`` reads), and the samples trimmed to the cut (slots shifted to match)."""
     kept, cuts = [], []
     for s in samples:
         later = [slot for slot in s.slots if slot[0] > s.turn]

@@ -13,8 +13,8 @@
 #   stack        the trainer venv's torch sees the GPU; vLLM, DeepSpeed (cuda accelerator), Ray, OpenRLHF and the
 #                CoPE patches import; PyTorch has flex attention
 #   flash_attn   flash-attn's own varlen kernel, forward and backward, agrees with PyTorch's attention
-#   signal_cost  benchmarks/signal_cost.py --turns 20 --device cuda: the CoPE signals per-turn vs branch-packed
-#                against a GRPO step; the packed path must run flex attention and give the per-turn values
+#   signal_cost  benchmarks/signal_cost.py --turns 20 --device cuda: the CoPE signals (the trainer's packed path)
+#                against a GRPO step; the packed path must run flex attention and give a dense mask's values
 #   prepare      a tiny random Qwen2 (scripts/make_tiny_model.py: nothing from a model hub) and the first
 #                STEPS x PROMPTS items of BabyAI's train split (scripts/make_itemids.py)
 #   servers      the real BabyAI server and the gateway, started by the tmux launcher the run scripts use
@@ -181,7 +181,7 @@ smoke_train_env() {
         TRAIN_BATCH_SIZE=$((SMOKE_PROMPTS * SMOKE_SAMPLES)) MICRO_TRAIN_BATCH_SIZE=4 MICRO_ROLLOUT_BATCH_SIZE=4
         MAX_TURNS="$SMOKE_MAX_TURNS" MAX_NEW_TOKENS=48 MAX_LEN=2048 NUM_EPISODES=1 SAVE_STEPS="$SMOKE_STEPS"
         ACTION_FORECAST_ENABLE=1 ACTION_FORECAST_GATE=all ACTION_FORECAST_GROUP_NORM=0 ACTION_FORECAST_SKIP_INVALID=0
-        TE_ENABLE=1 TE_LAMBDA=0.1 TE_WARMUP_STEPS=0 INFO_INTRINSIC_WEIGHT=0.1 GRPO_FILTER_DEGENERATE=1 BRANCH_PACK=1
+        TE_ENABLE=1 TE_LAMBDA=0.1 TE_WARMUP_STEPS=0 INFO_INTRINSIC_WEIGHT=0.1 GRPO_FILTER_DEGENERATE=1
         # eager vLLM: no torch.compile and no CUDA-graph capture at start-up (tens of seconds the budget cannot spare)
         EXTRA_ARGS="--ds.attn_implementation $SMOKE_ATTENTION --vllm.enforce_eager --data.max_samples $PROMPT_COUNT"
     )

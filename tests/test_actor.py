@@ -7,6 +7,7 @@ device ppo_train moves batches to), is pointed at the CPU. Experiences go throug
 (split, unpad, collate), so the CoPE fields are also checked to survive it.
 """
 
+import contextlib
 import copy
 import math
 
@@ -19,17 +20,19 @@ from openrlhf.trainer.ray import ppo_actor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.config import hierarchize
 
+from cope_rlhf import actor as actor_module
 from cope_rlhf.actor import (FORECAST_KEY, TE_KEY, UPDATES_STATE, CoPEActorMethods, CoPEActorPPOTrainer,
                              CoPEPolicyModelActor)
 from cope_rlhf.advantage import filter_degenerate_groups
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import unpadded_trajectories
-from cope_rlhf.forecast import (build_forecast_samples, collate_forecast_samples, forecast_nll,
-                                forecast_samples_from_experiences)
+from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
 from cope_rlhf.info_gain import position_ids_for
-from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
+from cope_rlhf.temporal_ensemble import TOP_M, collect_members, mixture_target, te_kl, te_lambda
 from tests.ray_cpu_groups import StandInStrategy, load_actor
+from tests.signal_references import (collate_forecast_samples, forecast_nll, per_sample_forecast_loss,
+                                     per_sample_member_logits, per_turn_info_gain)
 from tests.tiny_hf import agent_response, stock_grpo, to_experience
 
 N = 2
@@ -102,8 +105,10 @@ def te_members(batch, model_dir, tok, args):
     holder.actor, holder.strategy = load_actor(model_dir).eval(), StandInStrategy(args)
     rows = unpadded_trajectories([batch])
     config = CoPEConfig.from_args(args)
-    return [holder.cope_te_members(build_forecast_samples(*rows[p], tok, config.action_forecast_k, row=p), *rows[p])[0]
-            for p in batch.index]
+    samples = [build_forecast_samples(*rows[p], tok, config.action_forecast_k, row=p) for p in batch.index]
+    _, members = holder.cope_frozen_signals(batch.sequences, batch.attention_mask, batch.action_mask, samples,
+                                            [rows[p] for p in batch.index], info_gain=False)
+    return [m for m, _ in members]
 
 
 def train_once(trainer, experience):
@@ -247,7 +252,7 @@ def test_forecast_pass_lowers_forecast_nll(batch, model_dir, tok, monkeypatch, o
     assert not cope.__dict__.get("cope_forecast_samples")  # used once, then dropped
 
 
-# --- BRANCH_PACK in the actor: same values as the per-turn path, through the same actor methods -----------------
+# --- The actor's packed signals: the values of the per-turn / per-sample references (tests/signal_references.py) ---
 
 
 def mask_dims(model):
@@ -266,42 +271,50 @@ def methods_holder(model_dir, args):
     return holder, mask_dims(holder.actor.model)
 
 
-def test_branch_pack_info_gain_and_te_members_equal_per_turn(batch, model_dir, tok, caplog):
-    on, on_dims = methods_holder(model_dir, cli_args())
-    off, off_dims = methods_holder(model_dir, cli_args("--cope.branch_pack", "false"))
-    ring, ring_dims = methods_holder(model_dir, cli_args("--ds.ring_attn_size", "2"))
+def test_frozen_signals_equal_per_turn_references(batch, model_dir, tok):
+    """Info gain and TE members through the actor's ``cope_frozen_signals`` (its logits: temperature, keep columns)
+    against the references run on the same actor's logits, one forward per turn / per forecast sample."""
+    holder, dims = methods_holder(model_dir, cli_args())
     inputs = (batch.sequences, batch.attention_mask, batch.action_mask)
-    (packed, packed_metrics), (naive, naive_metrics) = on.cope_info_gain(*inputs), off.cope_info_gain(*inputs)
-    assert {d for d, _ in on_dims} == {4} and {d for d, _ in off_dims} == {2}
-    assert packed_metrics["cope/info_turns_scored"] == naive_metrics["cope/info_turns_scored"] > 0
+    rows = unpadded_trajectories([batch])
+    config = CoPEConfig.from_args(cli_args())
+    samples = [build_forecast_samples(*rows[p], tok, config.action_forecast_k, row=p) for p in batch.index]
+    trajectories = [rows[p] for p in batch.index]
+    (packed, packed_metrics), members = holder.cope_frozen_signals(*inputs, samples, trajectories)
+    assert dims and {d for d, _ in dims} == {4}
+    naive, _, naive_metrics = per_turn_info_gain(holder._cope_logits, *inputs, config.info_probe_tokens,
+                                                 config.info_max_turns)
+    assert packed_metrics == pytest.approx(naive_metrics, abs=1e-5) and naive_metrics["cope/info_turns_scored"] > 0
     assert naive.abs().max() > 1e-3
     torch.testing.assert_close(packed, naive, atol=1e-5, rtol=0)
-    ring.cope_info_gain(*inputs)
-    assert {d for d, _ in ring_dims} == {2}  # ring attention: the per-turn path
+    covered = 0
+    for p, (got, got_metrics), row_samples in zip(batch.index, members, samples):
+        trimmed, logits = per_sample_member_logits(holder._cope_logits, row_samples)
+        targets, probs, ids, valid, metrics = collect_members(trimmed, logits, {p: rows[p]}, TOP_M)
+        assert got_metrics == pytest.approx(metrics, abs=1e-5)
+        assert got["positions"].tolist() == [pos for _, pos in targets]
+        assert torch.equal(got["valid"], valid) and torch.equal(got["ids"], ids)
+        torch.testing.assert_close(got["probs"], probs, atol=1e-5, rtol=0)
+        covered += len(targets)
+    assert covered > 0
 
-    rows, covered = unpadded_trajectories([batch]), 0
-    for p in batch.index:
-        samples = build_forecast_samples(*rows[p], tok, CoPEConfig.from_args(cli_args()).action_forecast_k, row=p)
-        (got, got_metrics), (want, want_metrics) = (h.cope_te_members(samples, *rows[p]) for h in (on, off))
-        assert got_metrics == want_metrics
-        assert torch.equal(got["positions"], want["positions"]) and torch.equal(got["valid"], want["valid"])
-        assert torch.equal(got["ids"], want["ids"])
-        torch.testing.assert_close(got["probs"], want["probs"], atol=1e-5, rtol=0)
-        covered += len(want["positions"])
-    assert covered > 0 and on_dims[-1][0] == 4 and off_dims[-1][0] == 2
 
+def test_frozen_signals_refuse_what_cannot_be_packed(batch, model_dir):
+    inputs = (batch.sequences, batch.attention_mask, batch.action_mask)
+    ring, ring_dims = methods_holder(model_dir, cli_args("--ds.ring_attn_size", "2"))
+    with pytest.raises(ValueError, match="ring attention"):
+        ring.cope_frozen_signals(*inputs)
+    holder, dims = methods_holder(model_dir, cli_args())
     holey = batch.attention_mask.clone()
-    holey[0, 2] = 0  # a row with a hole cannot be packed: the per-turn path, with a warning
-    on_dims.clear()
-    with caplog.at_level("WARNING", logger="cope_rlhf.actor"):
-        got, _ = on.cope_info_gain(batch.sequences, holey, batch.action_mask)
-    assert "BRANCH_PACK=0" in caplog.text and {d for d, _ in on_dims} == {2}
-    torch.testing.assert_close(got, off.cope_info_gain(batch.sequences, holey, batch.action_mask)[0], atol=0, rtol=0)
+    holey[0, 2] = 0  # a hole: OpenRLHF's experiences never have one, and no block mask can describe it
+    with pytest.raises(ValueError, match="has holes"):
+        holder.cope_frozen_signals(batch.sequences, holey, batch.action_mask)
+    assert ring_dims == dims == []  # refused before any forward
 
 
 def test_frozen_signals_share_one_packed_row_per_trajectory(batch, model_dir, tok):
-    """Info gain and TE members together: the same values as the two methods apart, from one forward (the four
-    trajectories in one packed batch) instead of one for info gain plus one per trajectory for TE."""
+    """Info gain and TE members together: the same values as each alone, from one forward (the four trajectories in
+    one packed batch) instead of one for each signal."""
     holder, dims = methods_holder(model_dir, cli_args("--cope.info_kl_batch", "8", "--cope.te_micro_batch_size_per_gpu",
                                                       "8"))
     rows = unpadded_trajectories([batch])
@@ -311,18 +324,18 @@ def test_frozen_signals_share_one_packed_row_per_trajectory(batch, model_dir, to
     (gain, gain_metrics), members = holder.cope_frozen_signals(*inputs, samples, trajectories)
     assert len(dims) == 1 and {d for d, _ in dims} == {4}
     dims.clear()
-    want_gain, want_metrics = holder.cope_info_gain(*inputs)
+    (want_gain, want_metrics), none = holder.cope_frozen_signals(*inputs)
+    assert none is None
     torch.testing.assert_close(gain, want_gain, atol=1e-5, rtol=0)
     assert gain_metrics == pytest.approx(want_metrics, abs=1e-5) and want_gain.abs().max() > 1e-3
-    for (got, got_metrics), s, t in zip(members, samples, trajectories):
-        want, want_metrics = holder.cope_te_members(s, *t)
+    none, alone = holder.cope_frozen_signals(*inputs, samples, trajectories, info_gain=False)
+    assert none is None
+    for (got, got_metrics), (want, want_metrics) in zip(members, alone):
         assert got_metrics == want_metrics and torch.equal(got["positions"], want["positions"])
         assert torch.equal(got["ids"], want["ids"]) and torch.equal(got["valid"], want["valid"])
         torch.testing.assert_close(got["probs"], want["probs"], atol=1e-5, rtol=0)
-    assert len(dims) == 1 + len(batch.index)  # apart: info gain's forward, then one per trajectory
+    assert len(dims) == 2  # apart: info gain's forward, then TE's
     assert sum(len(m["positions"]) for m, _ in members) > 0
-    alone, none = holder.cope_frozen_signals(*inputs)  # info gain only: cope_info_gain itself
-    assert none is None and torch.equal(alone[0], want_gain)
 
 
 class AccumulatingStrategy(StandInStrategy):
@@ -344,29 +357,35 @@ class AccumulatingStrategy(StandInStrategy):
 
 
 @pytest.mark.parametrize("gas", [1, 3])
-def test_branch_pack_forecast_step_equals_per_turn(batch, model_dir, tok, monkeypatch, gas):
-    """Same loss and same update; packed micro-batches hold whole trajectories, ``gas`` of them (one padding)."""
+def test_forecast_step_equals_per_sample_reference(batch, model_dir, tok, monkeypatch, gas):
+    """The separate forecast step's loss and update, packed (production) and with the per-sample reference loss
+    swapped in; packed micro-batches hold whole trajectories, ``gas`` of them (one a zero-weight stand-in)."""
+    args = cli_args("--cope.action_forecast_enable", "--cope.action_forecast_gate", "all",
+                    "--cope.action_forecast_coef", "1.0")
+    samples, _ = forecast_samples_from_experiences([copy.deepcopy(batch)], tok, CoPEConfig.from_args(args), N)
     results = {}
-    for pack in ("true", "false"):
-        args = cli_args("--cope.action_forecast_enable", "--cope.action_forecast_gate", "all",
-                        "--cope.action_forecast_coef", "1.0", "--cope.branch_pack", pack)
-        samples, _ = forecast_samples_from_experiences([copy.deepcopy(batch)], tok, CoPEConfig.from_args(args), N)
+    for path in ("packed", "reference"):
         trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
         trainer.strategy = AccumulatingStrategy(args, gas)
         trainer.actor.model.gradient_accumulation_steps = lambda: gas  # what DeepSpeed's engine answers
-        dims = mask_dims(trainer.actor.model)
-        before = params(trainer)
-        trainer.cope_forecast_samples = samples
-        status = trainer.cope_forecast_step()
-        results[pack] = status, params(trainer), dims
+        with monkeypatch.context() as m:
+            if path == "reference":  # the model's own attention, one collated row per sample
+                m.setattr(trainer, "_cope_attention", lambda: contextlib.nullcontext(None))
+                m.setattr(actor_module, "forecast_loss", lambda logits_fn, part, coef, build, device:
+                          per_sample_forecast_loss(logits_fn, part, coef, tok.pad_token_id, device))
+            dims = mask_dims(trainer.actor.model)
+            before = params(trainer)
+            trainer.cope_forecast_samples = list(samples)
+            status = trainer.cope_forecast_step()
+        results[path] = status, params(trainer), dims
         assert status["cope/forecast_samples_trained"] == len(samples) >= 4
-        assert any(not torch.equal(before[k], v) for k, v in results[pack][1].items())
-    (packed, packed_params, packed_dims), (naive, naive_params, naive_dims) = results["true"], results["false"]
+        assert any(not torch.equal(before[k], v) for k, v in results[path][1].items())
+    (packed, packed_params, packed_dims), (naive, naive_params, naive_dims) = results["packed"], results["reference"]
     assert packed["cope/forecast_loss"] == pytest.approx(naive["cope/forecast_loss"], abs=1e-5)
     for name, value in naive_params.items():
         torch.testing.assert_close(packed_params[name], value, atol=1e-5, rtol=0, msg=name)
     assert [rows for _, rows in packed_dims] == ([4] if gas == 1 else [2, 2, 1])  # one row per trajectory
-    assert {d for d, _ in packed_dims} == {4} and {d for d, _ in naive_dims} == {2} and len(naive_dims) == gas
+    assert {d for d, _ in packed_dims} == {4} and {d for d, _ in naive_dims} == {2}
 
 
 # --- GRPO_FILTER_DEGENERATE: filtered samples stay in the buffer (same micro-steps on every rank) ---------------

@@ -9,7 +9,8 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 
 from cope_rlhf.advantage import (add_info_gated_advantage, filter_degenerate_groups, group_reward_std,
                                  rounding_noise_frac)
-from cope_rlhf.info_gain import info_gain_rewards
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.frozen_signals import frozen_signals
 from tests.tiny_hf import agent_response, hf_logits_fn, stock_grpo, tiny_model, tiny_tokenizer, to_experience
 
 
@@ -115,8 +116,9 @@ def test_intrinsic_from_info_gain_end_to_end():
     episodes = [to_experience(agent_response(tok, obs[: 2 + i % 2], acts[: 1 + i % 2], reward=1.0)) for i in range(4)]
     batch = Experience.concat_experiences(episodes, tok.pad_token_id)
     batch.index, batch.kl = [0, 1, 2, 3], torch.zeros(batch.action_mask.shape)
-    intrinsic, _, info_metrics = info_gain_rewards(
-        hf_logits_fn(tiny_model(len(tok))), batch.sequences, batch.attention_mask, batch.action_mask
+    (intrinsic, _, info_metrics), _ = frozen_signals(
+        hf_logits_fn(tiny_model(len(tok))), batch.sequences, batch.attention_mask, batch.action_mask, CoPEConfig(),
+        info_gain=True,
     )
     assert info_metrics["cope/info_turns_scored"] == 2
     stock_grpo([batch], 2)

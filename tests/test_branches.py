@@ -1,6 +1,7 @@
-"""Branch packing: info-gain values, forecast losses and gradients, and TE members equal the per-turn reference
-(float32, 1e-5) on a small real HF model, for trajectories of 1, 3 and 20 turns, padded left and right, with a
-turn cut by the context window."""
+"""Branch packing: the production signals (``frozen_signals``: info gain and TE members; ``forecast.forecast_loss``:
+loss and gradients) equal the per-turn / per-sample references of ``tests/signal_references.py`` (float32, 1e-5) on a
+small real HF model, for trajectories of 1, 3 and 20 turns, padded left and right, with a turn cut by the context
+window."""
 
 import contextlib
 import random
@@ -13,10 +14,13 @@ from cope_rlhf.branches import (
     BRANCH_ATTENTION, Branch, additive_mask, block_attention, branch_attention, contiguous_span, dense_mask,
     flex_available, flex_mask, layout_mask, pack_rows,
 )
+from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import build_forecast_samples, forecast_loss, pack_forecast_samples
-from cope_rlhf.info_gain import info_gain_rewards, plan_probes
-from cope_rlhf.temporal_ensemble import collect_members, member_logits
+from cope_rlhf.frozen_signals import frozen_signals
+from cope_rlhf.info_gain import plan_probes
+from cope_rlhf.temporal_ensemble import TOP_M, collect_members
 from cope_rlhf.turns import turn_spans, unpadded_trajectories
+from tests.signal_references import per_sample_forecast_loss, per_turn_info_gain
 from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, to_experience
 
 P = 6
@@ -56,6 +60,26 @@ def packed_attention(model, attention):
     return block_attention(model) if attention == "branch_attention" else contextlib.nullcontext(dense_mask)
 
 
+def info_gain(logits_fn, b: Experience, max_turns: int, rows_per_forward: int = 2, block_mask=dense_mask):
+    """``frozen_signals``' information gain alone (what the actor returns with TE off)."""
+    config = CoPEConfig(info_probe_tokens=P, info_max_turns=max_turns, info_kl_batch=rows_per_forward)
+    gain, members = frozen_signals(logits_fn, b.sequences, b.attention_mask, b.action_mask, config, True,
+                                   block_mask=block_mask)
+    assert members is None
+    return gain
+
+
+def te_members(logits_fn, b: Experience, samples, rows_per_forward: int, block_mask=dense_mask):
+    """``frozen_signals``' TE members alone, per row of ``b``, from ``samples`` (all rows')."""
+    rows = unpadded_trajectories([b])
+    gain, members = frozen_signals(logits_fn, b.sequences, b.attention_mask, b.action_mask,
+                                   CoPEConfig(te_micro_batch_size_per_gpu=rows_per_forward), False,
+                                   [[s for s in samples if s.row == p] for p in b.index], [rows[p] for p in b.index],
+                                   block_mask=block_mask)
+    assert gain is None
+    return members
+
+
 def left_padded(b: Experience) -> Experience:
     shifts = [int(b.sequences.shape[1] - n) for n in b.attention_mask.sum(-1)]
     roll = lambda t: torch.stack([torch.roll(x, s) for x, s in zip(t, shifts)])  # noqa: E731
@@ -88,19 +112,17 @@ def test_mask_rule_hand_case():
 
 def test_holes_in_attention_mask_are_refused():
     assert contiguous_span(torch.tensor([0, 1, 1, 0])) == (1, 3)
-    with pytest.raises(ValueError, match="BRANCH_PACK=0"):
-        contiguous_span(torch.tensor([1, 0, 1]))
+    with pytest.raises(ValueError, match=r"has holes \(valid tokens 0..3 with 2 masked"):
+        contiguous_span(torch.tensor([1, 0, 0, 1]))
 
 
 @pytest.mark.parametrize("padding", ["right", "left"])
 def test_info_gain_equals_per_turn_reference(model, batch, padding, attention):
     b = batch if padding == "right" else left_padded(batch)
     logits_fn = hf_logits_fn(model)
-    args = (logits_fn, b.sequences, b.attention_mask, b.action_mask)
-    naive = info_gain_rewards(*args, probe_tokens=P, max_turns=20, rows_per_forward=3)
+    naive = per_turn_info_gain(logits_fn, b.sequences, b.attention_mask, b.action_mask, P, 20, rows_per_forward=3)
     with packed_attention(model, attention) as build:
-        packed = info_gain_rewards(*args, probe_tokens=P, max_turns=20, rows_per_forward=3, branch_pack=True,
-                                   block_mask=build)
+        packed = info_gain(logits_fn, b, max_turns=20, rows_per_forward=3, block_mask=build)
     turns = turn_spans(b.action_mask, b.sequences.shape[1], b.attention_mask)
     assert [len(t) for t in turns] == [1, 3, 20, 16]
     assert turns[3][-1].action_end - turns[3][-1].action_start == 3 < P  # the cut turn
@@ -116,10 +138,9 @@ def test_info_gain_max_turns_and_block_attention_with_eager(tok, batch):
     eager = tiny_model(len(tok), seed=1)
     eager.config._attn_implementation = "eager"
     logits_fn = hf_logits_fn(eager)
-    args = (logits_fn, batch.sequences, batch.attention_mask, batch.action_mask)
-    naive = info_gain_rewards(*args, probe_tokens=P, max_turns=4)
+    naive = per_turn_info_gain(logits_fn, batch.sequences, batch.attention_mask, batch.action_mask, P, 4)
     with block_attention(eager) as build:
-        packed = info_gain_rewards(*args, probe_tokens=P, max_turns=4, branch_pack=True, block_mask=build)
+        packed = info_gain(logits_fn, batch, max_turns=4, block_mask=build)
     assert eager.config._attn_implementation == "eager"
     assert naive[2]["cope/info_turns_scored"] == packed[2]["cope/info_turns_scored"] == 2 + 4 + 4
     for row_naive, row_packed in zip(naive[1], packed[1]):
@@ -173,11 +194,10 @@ def test_flex_block_mask_matches_dense(tok, batch):
     (flex attention has no CPU backward); the CUDA kernel itself could not run on this machine (no GPU)."""
     flex = tiny_model(len(tok))
     flex.config._attn_implementation = "flex_attention"
-    rows = [1, 2]
-    args = (batch.sequences[rows], batch.attention_mask[rows], batch.action_mask[rows])
-    dense = info_gain_rewards(hf_logits_fn(tiny_model(len(tok))), *args, probe_tokens=P, max_turns=20, branch_pack=True)
-    packed = info_gain_rewards(hf_logits_fn(flex), *args, probe_tokens=P, max_turns=20, branch_pack=True,
-                               block_mask=flex_mask)
+    two = Experience(sequences=batch.sequences[1:3], attention_mask=batch.attention_mask[1:3],
+                     action_mask=batch.action_mask[1:3])
+    dense = info_gain(hf_logits_fn(tiny_model(len(tok))), two, max_turns=20)
+    packed = info_gain(hf_logits_fn(flex), two, max_turns=20, block_mask=flex_mask)
     for row_dense, row_flex in zip(dense[1], packed[1]):
         assert row_flex == pytest.approx(row_dense, abs=1e-5)
 
@@ -203,11 +223,15 @@ def test_forecast_loss_and_gradients_equal_per_sample_reference(tok, batch, layo
     samples = forecast_samples(tok, batch, layout, rows)
     assert {s.row for s in samples} == set(rows) and len(samples) > 15
     results = []
-    for branch_pack in (False, True):
+    for packed in (False, True):
         model.zero_grad()
-        with packed_attention(model, attention) if branch_pack else contextlib.nullcontext(dense_mask) as build:
-            loss = forecast_loss(trainable_logits_fn(model), samples, coef=0.01, pad_token_id=tok.pad_token_id,
-                                 branch_pack=branch_pack, block_mask=build)
+        if packed:
+            with packed_attention(model, attention) as build:
+                loss = forecast_loss(trainable_logits_fn(model), samples, coef=0.01, block_mask=build)
+                loss.backward()
+        else:
+            loss = per_sample_forecast_loss(trainable_logits_fn(model), samples, coef=0.01,
+                                            pad_token_id=tok.pad_token_id)
             loss.backward()
         results.append((float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (naive, naive_grads), (packed, packed_grads) = results
@@ -235,25 +259,24 @@ def test_packed_forecast_rows_share_the_trajectory(tok, batch):
 def test_te_members_equal_per_sample_reference(model, tok, batch, attention):
     samples = forecast_samples(tok, batch)
     trajectories = unpadded_trajectories([batch])
-    # the reference: each sample's full forward, as collect_members was written against
-    with torch.no_grad():
-        full = [model(input_ids=torch.tensor([s.input_ids])).logits[0] for s in samples]
-    reference = collect_members(samples, full, trajectories, top_m=16)
     with packed_attention(model, attention) as build:
-        trimmed, logits = member_logits(hf_logits_fn(model), samples, branch_pack=True, rows_per_forward=3,
-                                        block_mask=build)
-    packed = collect_members(trimmed, logits, trajectories, top_m=16)
-    assert packed[0] == reference[0] and len(reference[0]) > 100
-    assert torch.equal(packed[3], reference[3]) and reference[3].sum(-1).max() == 2  # K=3: turns s-1, s-2
-    assert torch.equal(packed[2], reference[2])
-    torch.testing.assert_close(packed[1], reference[1], atol=1e-5, rtol=0)
-    # stats: counts exact, the members' probability of the taken token up to float noise (as the logits above)
-    assert packed[4] == pytest.approx(reference[4], abs=1e-5) and reference[4]["cope/te_slot_coverage"] > 0.9
-    few = [s for s in samples if s.row == 1]  # the per-sample path, on the 3-turn trajectory
-    naive_trimmed, naive_logits = member_logits(hf_logits_fn(model), few, branch_pack=False)
-    assert len(naive_trimmed) == 2 and [s.slots for s in naive_trimmed] == [s.slots for s in trimmed[:2]]
-    for a, b in zip(naive_logits, logits[:2]):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        members = te_members(hf_logits_fn(model), batch, samples, rows_per_forward=3, block_mask=build)
+    covered = 0
+    for p, (got, got_metrics) in zip(batch.index, members):
+        mine = [s for s in samples if s.row == p]
+        # the reference: each sample's full forward, as collect_members was written against
+        with torch.no_grad():
+            full = [model(input_ids=torch.tensor([s.input_ids])).logits[0] for s in mine]
+        targets, probs, ids, valid, metrics = collect_members(mine, full, trajectories, top_m=TOP_M)
+        assert got["positions"].tolist() == [pos for _, pos in targets]
+        assert torch.equal(got["valid"], valid) and torch.equal(got["ids"], ids)
+        torch.testing.assert_close(got["probs"], probs, atol=1e-5, rtol=0)
+        # counts exact, the members' probability of the taken token up to float noise (as the logits above)
+        assert got_metrics == pytest.approx(metrics, abs=1e-5)
+        covered += len(targets)
+        if p == 3:  # the 20-turn trajectory cut by the window: K=3, so turns t-1 and t-2 forecast turn t
+            assert valid.sum(-1).max() == 2 and metrics["cope/te_slot_coverage"] > 0.9
+    assert covered > 100
 
 
 def test_packed_paths_run_the_lm_head_only_where_logits_are_read(model, tok, batch):
@@ -267,8 +290,7 @@ def test_packed_paths_run_the_lm_head_only_where_logits_are_read(model, tok, bat
         return base(ids, mask, pos, keep)
 
     with block_attention(model) as build:
-        info_gain_rewards(recording, batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P,
-                          max_turns=20, rows_per_forward=1, branch_pack=True, block_mask=build)
+        info_gain(recording, batch, max_turns=20, rows_per_forward=1, block_mask=build)
         probes = plan_probes(turn_spans(batch.action_mask, batch.sequences.shape[1], batch.attention_mask), P, 20)
         per_row = [2 * sum(p.positions[1] - p.positions[0] for p in probes if p.row == r) for r in range(4)]
         assert [len(keep) for _, keep in seen] == [n for n in per_row if n]  # real + counterfactual probe columns
@@ -276,12 +298,11 @@ def test_packed_paths_run_the_lm_head_only_where_logits_are_read(model, tok, bat
 
         seen.clear()
         samples = forecast_samples(tok, batch)
-        member_logits(recording, samples, branch_pack=True, rows_per_forward=1, block_mask=build)
+        te_members(recording, batch, samples, rows_per_forward=1, block_mask=build)
         assert seen and all(len(keep) < width / 2 for width, keep in seen)
 
         seen.clear()
-        loss = forecast_loss(recording, samples, coef=0.01, pad_token_id=tok.pad_token_id, branch_pack=True,
-                             block_mask=build)
+        loss = forecast_loss(recording, samples, coef=0.01, block_mask=build)
         # keep holds distinct columns, shared by the rows of the packed batch: at most one per target
         targets = len(pack_forecast_samples(samples).labels)
         assert float(loss) > 0 and len(seen) == 1 and targets * 0.5 < len(seen[0][1]) <= targets < seen[0][0] / 2

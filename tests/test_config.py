@@ -14,7 +14,7 @@ SWITCHES = [
     "ACTION_FORECAST_LAYOUT", "ACTION_FORECAST_MODE", "ACTION_FORECAST_MAX_LENGTH", "ACTION_FORECAST_LR_SCALE",
     "SFT_MINI_BATCH_SIZE", "TE_ENABLE", "TE_LAMBDA", "TE_ETA", "TE_WARMUP_STEPS", "TE_TRAJ_SUBSAMPLE",
     "TE_MICRO_BATCH_SIZE_PER_GPU", "INFO_INTRINSIC_WEIGHT", "INFO_GATE_TEMP", "INFO_MAX_TURNS", "INFO_PROBE_TOKENS",
-    "INFO_KL_BATCH", "GRPO_FILTER_DEGENERATE", "BRANCH_PACK", "EVAL_FIRST_AND_LAST", "EVAL_DISPATCH_SIZE",
+    "INFO_KL_BATCH", "GRPO_FILTER_DEGENERATE", "EVAL_FIRST_AND_LAST", "EVAL_DISPATCH_SIZE",
 ]
 
 
@@ -29,9 +29,6 @@ def test_every_switch_and_defaults_off():
             config.sft_mini_batch_size) == ("separate", 4096, 1.0, 0)
     assert (config.te_warmup_steps, config.te_traj_subsample, config.te_micro_batch_size_per_gpu,
             config.info_kl_batch) == (50, 1.0, 1, 2)
-    assert config.branch_pack  # not a signal: how the signals are computed (proven equal in test_branches.py)
-    assert not CoPEConfig.from_env({"BRANCH_PACK": "0"}).branch_pack
-    assert not CoPEConfig.from_args(parse(["--cope.branch_pack", "false"], {})).branch_pack
 
 
 def test_from_env_parses_values():

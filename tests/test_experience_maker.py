@@ -23,11 +23,12 @@ from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.experience_maker import CoPEExperienceMaker
 from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
-from cope_rlhf.info_gain import info_gain_rewards, position_ids_for
+from cope_rlhf.info_gain import position_ids_for
 from cope_rlhf.temporal_ensemble import collect_members
 from cope_rlhf.turns import turn_spans
 from tests.conftest import ROOT
 from tests.ray_cpu_groups import StandInStrategy, load_actor
+from tests.signal_references import per_turn_info_gain
 from tests.tiny_hf import agent_response, to_experience
 
 AGENT_FUNC = os.path.join(ROOT, "agent_funcs", "babyai.py")  # the maker reads its action format
@@ -180,8 +181,8 @@ def test_info_gain_matches_reference(groups, tok, stock, policy, other):
     reference = fresh(stock)
     intrinsic = []
     for e in reference:
-        rewards, _, _ = info_gain_rewards(logits_fn, e.sequences, e.attention_mask, e.action_mask,
-                                          config.info_probe_tokens, config.info_max_turns)
+        rewards, _, _ = per_turn_info_gain(logits_fn, e.sequences, e.attention_mask, e.action_mask,
+                                           config.info_probe_tokens, config.info_max_turns)
         intrinsic.append(rewards)
     assert sum(float(x.abs().sum()) for x in intrinsic) > 0
     metrics = add_info_gated_advantage(reference, intrinsic, N, 0.1, config.info_gate_temp)

@@ -12,8 +12,7 @@ from cope_rlhf.forecast import (
     ForecastSample,
     ReActFormat,
     build_forecast_samples,
-    collate_forecast_samples,
-    forecast_nll,
+    forecast_loss,
     forecast_samples_from_experiences,
     group_norm_weights,
     load_action_format,
@@ -144,23 +143,24 @@ def test_group_norm_weights_hand_computed():
     assert group_norm_weights([], 4) == []
 
 
-def test_forecast_nll_weighted_token_mean(tok, episode):
+def test_forecast_loss_is_the_weighted_token_mean(tok, episode):
+    """L_AF = coef * sum_i w_i sum_target nll / N_target, against each sample's own forward."""
     tokens, turns = episode
-    samples = build_forecast_samples(tokens, turns, tok, k=2)[:3]
+    samples = build_forecast_samples(tokens, turns, tok, k=2, row=0)[:3]
     for s, w in zip(samples, (2.0, 0.5, 1.0)):
         s.weight = w
-    input_ids, attention_mask, loss_mask, weights = collate_forecast_samples(samples, tok.pad_token_id)
     model = tiny_model(len(tok))
-    with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     total, count = 0.0, 0
-    for i, s in enumerate(samples):
-        for j in range(1, len(s.input_ids)):
-            if s.loss_mask[j]:
-                total += s.weight * -float(torch.log_softmax(logits[i, j - 1], -1)[s.input_ids[j]])
-                count += 1
-    loss = forecast_nll(logits, input_ids, loss_mask, weights, coef=0.01)
-    assert abs(float(loss) - 0.01 * total / count) < 1e-5
+    with torch.no_grad():
+        for s in samples:
+            logits = model(input_ids=torch.tensor([s.input_ids])).logits[0]
+            for j in range(1, len(s.input_ids)):
+                if s.loss_mask[j]:
+                    total += s.weight * -float(torch.log_softmax(logits[j - 1], -1)[s.input_ids[j]])
+                    count += 1
+        loss = forecast_loss(lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                                                 logits_to_keep=keep).logits, samples, coef=0.01)
+    assert count > 10 and abs(float(loss) - 0.01 * total / count) < 1e-5
 
 
 def test_from_experiences_gate_and_weights(tok):

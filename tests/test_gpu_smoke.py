@@ -129,7 +129,7 @@ def test_dry_run_training_command_has_every_setting(dry_run):
         "--cope.action_forecast_enable": "1", "--cope.action_forecast_gate": "all",
         "--cope.action_forecast_group_norm": "0", "--cope.action_forecast_skip_invalid": "0",
         "--cope.te_enable": "1", "--cope.te_lambda": "0.1", "--cope.te_warmup_steps": "0",
-        "--cope.info_intrinsic_weight": "0.1", "--cope.grpo_filter_degenerate": "1", "--cope.branch_pack": "1",
+        "--cope.info_intrinsic_weight": "0.1", "--cope.grpo_filter_degenerate": "1",
     }
     assert {flag: flags.get(flag) for flag in expected} == expected
     assert not any(flag.startswith("--logger.wandb") for flag in flags)  # offline host: no wandb
@@ -290,15 +290,15 @@ def test_tensorboard_check_names_a_missing_cope_tag(checks, tmp_path, capsys):
 
 
 def signal_report(path, attention="flex_attention", d_info=2e-6, d_loss=1e-7, device="cuda:0") -> str:
-    row = {"turns": 20, "naive_over_grpo_wall": 6.0, "packed_over_grpo_wall": 1.2, "max_abs_d_info_gain": d_info,
-           "abs_d_forecast_loss": d_loss}
+    row = {"turns": 20, "signals_over_grpo_wall": 1.2, "signals_over_grpo_wall_min": 1.1,
+           "signals_over_grpo_wall_max": 1.35, "max_abs_d_info_gain": d_info, "abs_d_forecast_loss": d_loss}
     path.write_text(json.dumps({"device": device, "packed_attention": attention, "repeats": 3, "rows": [row]}))
     return str(path)
 
 
 def test_signal_cost_check(checks, tmp_path, capsys):
     assert checks.main(["signal-cost", signal_report(tmp_path / "ok.json")]) == 0
-    assert "20 turns: naive/grpo 6.00x, packed/grpo 1.20x" in capsys.readouterr().out
+    assert "20 turns: signals/grpo 1.20x [1.10-1.35]" in capsys.readouterr().out
     assert checks.main(["signal-cost", signal_report(tmp_path / "sdpa.json", attention="cope_branch_sdpa")]) == 1
     assert "not flex_attention" in capsys.readouterr().out
     assert checks.main(["signal-cost", signal_report(tmp_path / "cpu.json", attention="cope_branch_sdpa",

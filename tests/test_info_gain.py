@@ -1,15 +1,24 @@
-"""Information gain against a naive reference that deletes each observation from the sequence, one turn at
-a time, on a small real HF causal LM (random init), with OpenRLHF-built, right-padded Experiences."""
+"""Information gain (``frozen_signals``, the trainer's packed path) against a naive reference that deletes each
+observation from the sequence, one turn at a time, on a small real HF causal LM (random init), with OpenRLHF-built,
+right-padded Experiences."""
 
 import pytest
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
-from cope_rlhf.info_gain import info_gain_rewards, plan_probes, position_ids_for
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.frozen_signals import frozen_signals
+from cope_rlhf.info_gain import plan_probes, position_ids_for
 from cope_rlhf.turns import turn_spans
 from tests.tiny_hf import agent_response, hf_logits_fn, to_experience
 
 P = 4
+
+
+def info_gain_rewards(logits_fn, sequences, attention_mask, action_mask, max_turns=8, rows_per_forward=2):
+    """(token rewards, r_t per turn, metrics): ``frozen_signals`` with information gain alone."""
+    config = CoPEConfig(info_probe_tokens=P, info_max_turns=max_turns, info_kl_batch=rows_per_forward)
+    return frozen_signals(logits_fn, sequences, attention_mask, action_mask, config, info_gain=True)[0]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +64,7 @@ def naive_info_gain(model, batch, probe_tokens):
 
 def test_matches_naive_deletion_reference(model, batch):
     token_rewards, turn_rewards, metrics = info_gain_rewards(
-        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask,
-        probe_tokens=P, max_turns=8, rows_per_forward=2,
+        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask, max_turns=8, rows_per_forward=2
     )
     reference = naive_info_gain(model, batch, P)
     assert len(reference) == 5 and metrics["cope/info_turns_scored"] == 5
@@ -69,7 +77,7 @@ def test_matches_naive_deletion_reference(model, batch):
 
 def test_written_on_every_turn_token_and_nothing_elsewhere(model, batch):
     token_rewards, turn_rewards, _ = info_gain_rewards(
-        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P
+        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask
     )
     assert token_rewards.shape == batch.action_mask.shape
     assert not token_rewards[batch.action_mask == 0].any()
@@ -83,7 +91,7 @@ def test_written_on_every_turn_token_and_nothing_elsewhere(model, batch):
 
 def test_only_last_max_turns_are_scored(model, batch):
     _, turn_rewards, metrics = info_gain_rewards(
-        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P, max_turns=1
+        hf_logits_fn(model), batch.sequences, batch.attention_mask, batch.action_mask, max_turns=1
     )
     assert metrics["cope/info_turns_scored"] == 2  # row 1 has a single turn: nothing to score
     assert turn_rewards[0][:2] == [0.0, 0.0] and turn_rewards[0][2] > 0
@@ -102,7 +110,7 @@ def test_zero_when_the_model_ignores_observations(tok, batch):
         return table[sequences if keep is None else sequences[:, keep]]
 
     token_rewards, turn_rewards, metrics = info_gain_rewards(
-        bigram, batch.sequences, batch.attention_mask, batch.action_mask, probe_tokens=P
+        bigram, batch.sequences, batch.attention_mask, batch.action_mask
     )
     assert metrics["cope/info_turns_scored"] == 5
     assert not token_rewards.any() and all(v == 0.0 for r in turn_rewards for v in r)
@@ -115,11 +123,11 @@ def test_positions_are_openrlhf_positions():
 
 def test_left_padding_gives_the_same_values(model, batch):
     logits_fn = hf_logits_fn(model)
-    _, right, _ = info_gain_rewards(logits_fn, batch.sequences, batch.attention_mask, batch.action_mask, P)
+    _, right, _ = info_gain_rewards(logits_fn, batch.sequences, batch.attention_mask, batch.action_mask)
     shifts = [int(batch.sequences.shape[1] - n) for n in batch.attention_mask.sum(-1)]
     to_left = lambda t: torch.stack([torch.roll(x, s) for x, s in zip(t, shifts)])  # noqa: E731
     _, left, _ = info_gain_rewards(
-        logits_fn, to_left(batch.sequences), to_left(batch.attention_mask), to_left(batch.action_mask), P
+        logits_fn, to_left(batch.sequences), to_left(batch.attention_mask), to_left(batch.action_mask)
     )
     assert any(shifts) and len(sum(right, [])) == 8
     for a, b in zip(right, left):

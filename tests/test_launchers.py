@@ -38,7 +38,7 @@ COPE_VALUES = {"ACTION_FORECAST_ENABLE": "1", "ACTION_FORECAST_COEF": "0.05", "A
                "SFT_MINI_BATCH_SIZE": "16", "TE_ENABLE": "1", "TE_LAMBDA": "0.1", "TE_ETA": "0.3",
                "TE_WARMUP_STEPS": "10", "TE_TRAJ_SUBSAMPLE": "0.5", "TE_MICRO_BATCH_SIZE_PER_GPU": "4",
                "INFO_INTRINSIC_WEIGHT": "0.1", "INFO_GATE_TEMP": "0.2", "INFO_MAX_TURNS": "4", "INFO_PROBE_TOKENS": "8",
-               "INFO_KL_BATCH": "4", "GRPO_FILTER_DEGENERATE": "1", "BRANCH_PACK": "0", "EVAL_FIRST_AND_LAST": "1",
+               "INFO_KL_BATCH": "4", "GRPO_FILTER_DEGENERATE": "1", "EVAL_FIRST_AND_LAST": "1",
                "EVAL_DISPATCH_SIZE": "64"}
 # Upstream CoPE's run scripts: the forecast switched on brings group norm and skip-invalid with it.
 FORECAST_DEFAULTS = ["--cope.action_forecast_group_norm", "1", "--cope.action_forecast_skip_invalid", "1"]
@@ -153,7 +153,6 @@ def test_gpu_smoke_training_command_parses(parser):
     assert getattr(args, "cope.action_forecast_enable") and getattr(args, "cope.te_enable")
     assert getattr(args, "cope.te_warmup_steps") == 0 and getattr(args, "cope.te_lambda") > 0
     assert getattr(args, "cope.info_intrinsic_weight") > 0 and getattr(args, "cope.grpo_filter_degenerate")
-    assert getattr(args, "cope.branch_pack")
 
 
 def test_baselines_carry_the_published_hyperparameters(parser):

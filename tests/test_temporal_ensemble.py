@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import build_forecast_samples, collate_forecast_samples
+from cope_rlhf.forecast import build_forecast_samples
 from cope_rlhf.temporal_ensemble import collect_members, locate, mixture_target, te_kl, te_lambda, te_loss
 from cope_rlhf.turns import turn_spans
+from tests.signal_references import collate_forecast_samples
 from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
 
 

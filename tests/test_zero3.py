@@ -3,10 +3,9 @@
 Under ZeRO-3 every forward all-gathers the parameters from all ranks, so every CoPE call must run the same number of
 forwards on every rank (DESIGN.md), although ranks hold different rows. Here rank 0 holds multi-turn trajectories
 (info-gain probes, forecast samples) and rank 1 a single-turn one (no probe, no later forecast slot) and no forecast
-samples, so that rank 1 has no forward of its own to run. Both ranks call, in turn: ``cope_frozen_signals``
-branch-packed (a trajectory's probes and forecasts in one forward), ``cope_frozen_signals`` per turn
-(``cope_info_gain``, then ``cope_te_members`` per row), and the separate ``cope_forecast_step`` (backward and optimizer
-step included). Each rank's results must equal those of one process without DeepSpeed on the same rows, and both ranks
+samples, so that rank 1 has no forward of its own to run. Both ranks call, in turn: ``cope_frozen_signals`` (a
+trajectory's probes and forecasts in one packed forward, one trajectory per forward) and the separate
+``cope_forecast_step`` (backward and optimizer step included). Each rank's results must equal those of one process without DeepSpeed on the same rows, and both ranks
 must have run the same number of forwards.
 
 The three ``stage3_*`` knobs below at 0 make DeepSpeed gather every parameter at every forward, as for a model too
@@ -77,13 +76,11 @@ def cope_calls(trainer: CoPEActorPPOTrainer, rank: int, tok) -> dict:
     inputs = (batch.sequences, batch.attention_mask, batch.action_mask, samples, [rows[p] for p in batch.index])
     trainer.strategy.args = cli_args()  # the methods read their config from here, per call
     packed = trainer.cope_frozen_signals(*inputs)
-    trainer.strategy.args = cli_args("--cope.branch_pack", "false")
-    per_turn = trainer.cope_frozen_signals(*inputs)
     # rank 1's trajectory is gated out of the forecast: it has no sample to train, rank 0 has them all
     trainer.cope_forecast_samples = [s for row in samples for s in row] if rank == 0 else []
     forecast = trainer.cope_forecast_step()
     hook.remove()
-    return {"packed": packed, "per_turn": per_turn, "forecast": forecast, "forwards": len(forwards)}
+    return {"packed": packed, "forecast": forecast, "forwards": len(forwards)}
 
 
 class ZeroStrategy(StandInStrategy):
@@ -162,7 +159,6 @@ def test_uneven_ranks_finish_with_single_process_values(model_dir, tmp_path):
     assert got[0]["forwards"] == got[1]["forwards"] == want[0]["forwards"] > 0 and want[1]["forwards"] == 0
     for rank in range(RANKS):
         assert_same(got[rank]["packed"], want[rank]["packed"], f"rank {rank} packed")
-        assert_same(got[rank]["per_turn"], want[rank]["per_turn"], f"rank {rank} per turn")
         # the forecast metrics are reduced over the ranks: all samples are rank 0's
         assert_same(got[rank]["forecast"], want[0]["forecast"], f"rank {rank} forecast")
     (gain, _), members = got[0]["packed"]
