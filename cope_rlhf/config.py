@@ -1,22 +1,22 @@
-"""CoPE switches: one dataclass, environment-variable defaults, ``--cope.*`` CLI overrides.
+"""CoPE switches: one dataclass whose fields carry their default, their check and their help; read from flags.
 
-Precedence: ``--cope.<name>`` flag > environment variable ``<NAME>`` > built-in default. The built-in
-defaults turn every signal off, so a run without CoPE settings is OpenRLHF's stock GRPO:
-``ACTION_FORECAST_ENABLE``, ``TE_ENABLE``, ``GRPO_FILTER_DEGENERATE`` false and ``INFO_INTRINSIC_WEIGHT`` 0.
-``EVAL_FIRST_AND_LAST`` and ``EVAL_DISPATCH_SIZE`` are no signals either: when and how the held-out set is
-evaluated (``cope_rlhf.ppo_trainer``).
+The trainer reads ``--cope.<name>`` flags only (``add_cope_args``: one per field, its help and allowed values taken
+from the field). The launchers (scripts/lib/common.sh) turn an environment variable ``<NAME>`` into that flag, as
+OpenRLHF's own scripts turn theirs into flags; Python reads no CoPE variable from the environment. The defaults turn
+every signal off, so a run without CoPE settings is OpenRLHF's stock GRPO: ``action_forecast_enable``,
+``te_enable``, ``grpo_filter_degenerate`` false and ``info_intrinsic_weight`` 0. ``eval_first_and_last`` and
+``eval_dispatch_size`` are no signals: when and how the held-out set is evaluated (``cope_rlhf.ppo_trainer``).
 
-Every variable, its default, range and meaning: docs/METHOD.md. Every value is checked when it is read; a bad one
-raises ``CoPEConfigError`` naming the variable (or flag)
-and the allowed values. On the command line the same message comes out through argparse (exit code 2).
+Every value is checked when it is read (flags, direct construction); a bad one raises ``CoPEConfigError`` naming the
+flag (or field) and the allowed values. On the command line the same message comes out through argparse (exit
+code 2). What each setting means in the method: docs/METHOD.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -30,6 +30,7 @@ class CoPEConfigError(ValueError):
 
 
 def _parse_bool(name: str, raw: str) -> bool:
+    """``name``: what to call the value in an error (the flag)."""
     word = str(raw).strip().lower()
     if word in TRUE_WORDS:
         return True
@@ -38,7 +39,13 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise CoPEConfigError(f"{name}={raw!r} is not a boolean; allowed: {', '.join(TRUE_WORDS + FALSE_WORDS)}")
 
 
+_parse_bool.allowed = "a boolean"
+
+
 def _number(kind: type, low: float, high: float = float("inf"), low_open: bool = False, high_open: bool = False):
+    bracket = "(" if low_open else "["
+    upper = "inf)" if high == float("inf") else f"{high}{')' if high_open else ']'}"
+
     def parse(name: str, raw: str):
         try:
             value = kind(str(raw).strip())
@@ -47,11 +54,10 @@ def _number(kind: type, low: float, high: float = float("inf"), low_open: bool =
         below = value <= low if low_open else value < low
         above = value >= high if high_open else value > high
         if below or above or value != value:
-            bracket = "(" if low_open else "["
-            upper = "inf)" if high == float("inf") else f"{high}{')' if high_open else ']'}"
             raise CoPEConfigError(f"{name}={raw!r} is out of range; allowed: {bracket}{low}, {upper}")
         return value
 
+    parse.allowed = "any number" if low == float("-inf") else f"{bracket}{low}, {upper}"
     return parse
 
 
@@ -62,42 +68,74 @@ def _choice(options: tuple):
             raise CoPEConfigError(f"{name}={raw!r} is not allowed; allowed: {', '.join(options)}")
         return value
 
+    parse.allowed = ", ".join(options)
     return parse
+
+
+def _keep(parse: Callable[[str, Any], Any], kind: type):
+    """Values that already have the right type (defaults, direct construction) pass through the same check."""
+
+    def check(name: str, raw: Any):
+        if isinstance(raw, bool) and kind is not bool:
+            raise CoPEConfigError(f"{name}={raw!r} must be a {kind.__name__}, not a boolean")
+        return parse(name, raw if not isinstance(raw, bool) else ("1" if raw else "0"))
+
+    check.allowed = parse.allowed
+    return check
+
+
+def setting(default: Any, parse: Callable[[str, Any], Any], help: str):
+    """A ``CoPEConfig`` field: its default, the check of a value (``parse(name, raw)``, ``parse.allowed`` saying what
+    it accepts) and its ``--help`` text."""
+    return field(default=default, metadata={"check": _keep(parse, type(default)), "help": help})
 
 
 @dataclass(frozen=True)
 class CoPEConfig:
-    action_forecast_enable: bool = False
-    action_forecast_coef: float = 0.01
-    action_forecast_k: int = 3
-    action_forecast_gate: str = "wins"
-    action_forecast_group_norm: bool = False
-    action_forecast_skip_invalid: bool = False
-    action_forecast_success_threshold: float = 0.5
-    action_forecast_layout: str = "list"
-    action_forecast_mode: str = "separate"  # separate: own optimizer steps after PPO (upstream); joint: in PPO's step
-    action_forecast_max_length: int = 4096  # forecast samples longer than this lose tokens from the left
-    action_forecast_lr_scale: float = 1.0  # separate mode: the forecast steps' learning rate = actor lr x this
-    sft_mini_batch_size: int = 0  # separate mode: forecast samples per optimizer step, all ranks; 0 = train.batch_size
-    te_enable: bool = False
-    te_lambda: float = 0.0  # 0 = compute the TE diagnostics only
-    te_eta: float = 0.5  # < 1: q must keep some of pi's mass
-    te_warmup_steps: int = 50  # lambda is 0 while the global step (from 1) is below this
-    te_traj_subsample: float = 1.0  # fraction of each batch's trajectories that get TE members
-    te_micro_batch_size_per_gpu: int = 1  # trajectories per forward when computing TE members
-    info_intrinsic_weight: float = 0.0  # 0 = information gain off
-    info_gate_temp: float = 0.05
-    info_max_turns: int = 8
-    info_probe_tokens: int = 16
-    info_kl_batch: int = 2  # trajectories per forward when computing information gain
-    grpo_filter_degenerate: bool = False
-    eval_first_and_last: bool = False  # not a signal: also a held-out eval before step 1 and after the last step
-    eval_dispatch_size: int = 0  # not a signal: held-out prompts dispatched at once; 0 = rollout.batch_size
+    action_forecast_enable: bool = setting(False, _parse_bool, "train the K-step action forecast (L_AF)")
+    action_forecast_coef: float = setting(0.01, _number(float, 0.0), "L_AF's weight")
+    action_forecast_k: int = setting(3, _number(int, 1), "actions per forecast window (K)")
+    action_forecast_gate: str = setting("wins", _choice(FORECAST_GATES), "which trajectories teach the forecast: "
+                                        "winners, all, or winners of groups that hold a loss too")
+    action_forecast_group_norm: bool = setting(False, _parse_bool, "weigh samples 1/m_g (m_g: a group's trajectories "
+                                               "with samples)")
+    action_forecast_skip_invalid: bool = setting(False, _parse_bool, "leave out actions the env called invalid")
+    action_forecast_success_threshold: float = setting(0.5, _number(float, float("-inf")),
+                                                       "a win is a reward above this")
+    action_forecast_layout: str = setting("list", _choice(FORECAST_LAYOUTS), "target as one message (list) or one "
+                                          "turn per action (turns)")
+    action_forecast_mode: str = setting("separate", _choice(FORECAST_MODES), "own optimizer steps after PPO's "
+                                        "(separate, upstream) or inside PPO's step (joint)")
+    action_forecast_max_length: int = setting(4096, _number(int, 1), "longer forecast samples lose prefix tokens "
+                                              "from the left")
+    action_forecast_lr_scale: float = setting(1.0, _number(float, 0.0), "separate mode: forecast lr = actor lr x this")
+    sft_mini_batch_size: int = setting(0, _number(int, 0), "separate mode: forecast samples per optimizer step over "
+                                       "all ranks; 0 = train.batch_size")
+    te_enable: bool = setting(False, _parse_bool, "temporal ensembling: distil earlier forecasts into the policy")
+    te_lambda: float = setting(0.0, _number(float, 0.0), "TE loss weight (lambda); 0 = TE diagnostics only")
+    te_eta: float = setting(0.5, _number(float, 0.0, 1.0, high_open=True), "weight of the forecasts in TE's target q "
+                            "(eta; < 1: q keeps some of the policy's mass)")
+    te_warmup_steps: int = setting(50, _number(int, 0), "lambda is 0 while the global step (from 1) is below this")
+    te_traj_subsample: float = setting(1.0, _number(float, 0.0, 1.0, low_open=True), "fraction of each batch's "
+                                       "trajectories that get TE members")
+    te_micro_batch_size_per_gpu: int = setting(1, _number(int, 1), "trajectories per forward when computing TE "
+                                               "members")
+    info_intrinsic_weight: float = setting(0.0, _number(float, 0.0), "information-gain bonus weight (w); 0 = off")
+    info_gate_temp: float = setting(0.05, _number(float, 0.0, low_open=True), "temperature of the bonus's gate (T)")
+    info_max_turns: int = setting(8, _number(int, 1), "turns scored per trajectory (the last ones)")
+    info_probe_tokens: int = setting(16, _number(int, 1), "action tokens per turn the KL is read over (P)")
+    info_kl_batch: int = setting(2, _number(int, 1), "trajectories per forward when computing information gain (with "
+                                 "TE on: the smaller of this and te_micro_batch_size_per_gpu)")
+    grpo_filter_degenerate: bool = setting(False, _parse_bool, "groups whose rewards are all equal train nothing")
+    eval_first_and_last: bool = setting(False, _parse_bool, "not a signal: also a held-out eval before the first step "
+                                        "and after the last")
+    eval_dispatch_size: int = setting(0, _number(int, 0), "not a signal: held-out prompts whose episodes run at once; "
+                                      "0 = rollout.batch_size")
 
     def __post_init__(self):
-        # Constructing directly (not through from_env/from_args) still gets every check.
+        # Constructing directly (not through from_args) still gets every check.
         for f in fields(self):
-            PARSERS[f.name](f"CoPEConfig.{f.name}", getattr(self, f.name))
+            f.metadata["check"](f"CoPEConfig.{f.name}", getattr(self, f.name))
 
     @property
     def info_gain_enable(self) -> bool:
@@ -106,16 +144,6 @@ class CoPEConfig:
     @property
     def any_enabled(self) -> bool:
         return self.action_forecast_enable or self.te_enable or self.info_gain_enable or self.grpo_filter_degenerate
-
-    @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "CoPEConfig":
-        environ = os.environ if environ is None else environ
-        values = {}
-        for f in fields(cls):
-            env_name = f.name.upper()
-            if env_name in environ and environ[env_name].strip() != "":
-                values[f.name] = PARSERS[f.name](env_name, environ[env_name])
-        return cls(**values)
 
     @classmethod
     def from_args(cls, args: Any) -> "CoPEConfig":
@@ -131,67 +159,19 @@ class CoPEConfig:
         return cls(**values)
 
 
-def _keep(parse: Callable[[str, Any], Any], kind: type):
-    """Values that already have the right type (defaults, direct construction) pass through the same check."""
-
-    def check(name: str, raw: Any):
-        if isinstance(raw, bool) and kind is not bool:
-            raise CoPEConfigError(f"{name}={raw!r} must be a {kind.__name__}, not a boolean")
-        return parse(name, raw if not isinstance(raw, bool) else ("1" if raw else "0"))
-
-    return check
-
-
-PARSERS: dict[str, Callable[[str, Any], Any]] = {
-    "action_forecast_enable": _keep(_parse_bool, bool),
-    "action_forecast_coef": _keep(_number(float, 0.0), float),
-    "action_forecast_k": _keep(_number(int, 1), int),
-    "action_forecast_gate": _keep(_choice(FORECAST_GATES), str),
-    "action_forecast_group_norm": _keep(_parse_bool, bool),
-    "action_forecast_skip_invalid": _keep(_parse_bool, bool),
-    "action_forecast_success_threshold": _keep(_number(float, float("-inf")), float),
-    "action_forecast_layout": _keep(_choice(FORECAST_LAYOUTS), str),
-    "action_forecast_mode": _keep(_choice(FORECAST_MODES), str),
-    "action_forecast_max_length": _keep(_number(int, 1), int),
-    "action_forecast_lr_scale": _keep(_number(float, 0.0), float),
-    "sft_mini_batch_size": _keep(_number(int, 0), int),
-    "te_enable": _keep(_parse_bool, bool),
-    "te_lambda": _keep(_number(float, 0.0), float),
-    "te_eta": _keep(_number(float, 0.0, 1.0, high_open=True), float),
-    "te_warmup_steps": _keep(_number(int, 0), int),
-    "te_traj_subsample": _keep(_number(float, 0.0, 1.0, low_open=True), float),
-    "te_micro_batch_size_per_gpu": _keep(_number(int, 1), int),
-    "info_intrinsic_weight": _keep(_number(float, 0.0), float),
-    "info_gate_temp": _keep(_number(float, 0.0, low_open=True), float),
-    "info_max_turns": _keep(_number(int, 1), int),
-    "info_probe_tokens": _keep(_number(int, 1), int),
-    "info_kl_batch": _keep(_number(int, 1), int),
-    "grpo_filter_degenerate": _keep(_parse_bool, bool),
-    "eval_first_and_last": _keep(_parse_bool, bool),
-    "eval_dispatch_size": _keep(_number(int, 0), int),
-}
-
-
-def add_cope_args(parser: argparse.ArgumentParser, environ: Optional[Mapping[str, str]] = None):
-    """Add the ``--cope.<name>`` group; defaults come from the environment, read and checked now (a bad
-    variable exits like a bad flag: argparse's error, exit code 2)."""
-    try:
-        defaults = CoPEConfig.from_env(environ)
-    except CoPEConfigError as e:
-        parser.error(str(e))
-    group = parser.add_argument_group("CoPE", "CoPE signals (environment variable <NAME> sets the default)")
+def add_cope_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``--cope.<name>`` group: one flag per ``CoPEConfig`` field, with its default, check and help."""
+    group = parser.add_argument_group("CoPE", "CoPE signals (the launchers turn variable <NAME> into --cope.<name>)")
     for f in fields(CoPEConfig):
         flag = f"--cope.{f.name}"
 
-        def arg_type(raw, _parse=PARSERS[f.name], _flag=flag):
+        def arg_type(raw, _check=f.metadata["check"], _flag=flag):
             try:
-                return _parse(_flag, raw)
+                return _check(_flag, raw)
             except CoPEConfigError as e:
                 raise argparse.ArgumentTypeError(str(e)) from None
 
-        extra = dict(nargs="?", const=True) if f.type in (bool, "bool") else {}
-        group.add_argument(
-            flag, dest=f"cope.{f.name}", type=arg_type, default=getattr(defaults, f.name),
-            help=f"env {f.name.upper()}; default {getattr(defaults, f.name)!r}", **extra,
-        )
+        extra = dict(nargs="?", const=True) if isinstance(f.default, bool) else {}
+        group.add_argument(flag, dest=f"cope.{f.name}", type=arg_type, default=f.default,
+                           help=f"{f.metadata['help']} ({f.metadata['check'].allowed}; default {f.default!r})", **extra)
     return parser

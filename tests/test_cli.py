@@ -81,19 +81,18 @@ def test_bad_values_and_combinations_exit_2(capsys, no_patch_left, argv, message
     assert code == 2 and message in err, err
 
 
-def test_bad_environment_variable_exits_2(capsys, monkeypatch, no_patch_left):
-    monkeypatch.setenv("TE_ETA", "1.5")
-    code, err = exit_of(capsys, GRPO)
-    assert code == 2 and "TE_ETA='1.5' is out of range" in err
+def test_bad_flag_value_exits_2(capsys, no_patch_left):
+    code, err = exit_of(capsys, GRPO + ["--cope.te_eta", "1.5"])
+    assert code == 2 and "--cope.te_eta='1.5' is out of range; allowed: [0.0, 1.0)" in err
 
 
-def test_environment_defaults_and_flags_override(monkeypatch):
+def test_flags_not_the_environment(monkeypatch):
+    """The trainer reads its CoPE settings from flags only (the launchers turn the variables into flags)."""
     monkeypatch.setenv("ACTION_FORECAST_K", "5")
     monkeypatch.setenv("INFO_INTRINSIC_WEIGHT", "0.1")
-    config = CoPEConfig.from_args(cli.build_parser().parse_args(GRPO + AGENT))
-    assert config.action_forecast_k == 5 and config.info_intrinsic_weight == 0.1
+    assert CoPEConfig.from_args(cli.build_parser().parse_args(GRPO + AGENT)) == CoPEConfig()
     config = CoPEConfig.from_args(cli.build_parser().parse_args(GRPO + AGENT + ["--cope.action_forecast_k", "2"]))
-    assert config.action_forecast_k == 2 and config.info_intrinsic_weight == 0.1
+    assert config.action_forecast_k == 2 and config.info_intrinsic_weight == 0.0
 
 
 def test_filter_alone_needs_no_agent_func():

@@ -1,12 +1,18 @@
-"""CoPEConfig: defaults off, environment variables, --cope.* overrides, clear errors."""
+"""CoPEConfig: defaults off, --cope.* flags (the only source: no environment variable), help from the fields,
+clear errors."""
 
 import argparse
+import re
 from dataclasses import fields
 
 import pytest
 from openrlhf.utils.config import hierarchize
 
+import os
+
 from cope_rlhf.config import CoPEConfig, CoPEConfigError, add_cope_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SWITCHES = [
     "ACTION_FORECAST_ENABLE", "ACTION_FORECAST_COEF", "ACTION_FORECAST_K", "ACTION_FORECAST_GATE",
@@ -20,7 +26,7 @@ SWITCHES = [
 
 def test_every_switch_and_defaults_off():
     assert sorted(f.name.upper() for f in fields(CoPEConfig)) == sorted(SWITCHES)
-    config = CoPEConfig.from_env({})
+    config = CoPEConfig.from_args(parse([]))
     assert config == CoPEConfig() and not config.any_enabled and not config.info_gain_enable
     assert (config.action_forecast_coef, config.action_forecast_k, config.action_forecast_gate) == (0.01, 3, "wins")
     assert (config.te_eta, config.info_gate_temp, config.info_max_turns, config.info_probe_tokens) == (0.5, 0.05, 8, 16)
@@ -31,38 +37,46 @@ def test_every_switch_and_defaults_off():
             config.info_kl_batch) == (50, 1.0, 1, 2)
 
 
-def test_from_env_parses_values():
-    config = CoPEConfig.from_env({
-        "ACTION_FORECAST_ENABLE": "True", "ACTION_FORECAST_K": "5", "ACTION_FORECAST_GATE": "Mixed",
-        "TE_ENABLE": "on", "TE_LAMBDA": "0.1", "INFO_INTRINSIC_WEIGHT": "0.1", "GRPO_FILTER_DEGENERATE": "0",
-        "ACTION_FORECAST_LAYOUT": "", "UNRELATED": "x",
-    })
+def test_flags_parse_values():
+    config = CoPEConfig.from_args(parse([
+        "--cope.action_forecast_enable", "True", "--cope.action_forecast_k", "5", "--cope.action_forecast_gate",
+        "Mixed", "--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.info_intrinsic_weight", "0.1",
+        "--cope.grpo_filter_degenerate", "off"]))
     assert config.action_forecast_enable and config.te_enable and config.info_gain_enable
     assert (config.action_forecast_k, config.action_forecast_gate, config.te_lambda) == (5, "mixed", 0.1)
     assert config.action_forecast_layout == "list" and not config.grpo_filter_degenerate
 
 
+def test_the_environment_is_not_read(monkeypatch):
+    """One configuration surface: the launchers turn TE_ENABLE=1 into --cope.te_enable 1; Python reads flags only."""
+    monkeypatch.setenv("TE_ENABLE", "1")
+    monkeypatch.setenv("ACTION_FORECAST_K", "oops")  # not read, so not an error either
+    assert CoPEConfig.from_args(parse([])) == CoPEConfig()
+
+
 @pytest.mark.parametrize("name,value,words", [
-    ("ACTION_FORECAST_ENABLE", "ture", ["ACTION_FORECAST_ENABLE", "'ture'", "true", "false"]),
-    ("ACTION_FORECAST_COEF", "-0.1", ["ACTION_FORECAST_COEF", "allowed: [0.0, inf)"]),
-    ("ACTION_FORECAST_K", "0", ["ACTION_FORECAST_K", "allowed: [1, inf)"]),
-    ("ACTION_FORECAST_K", "2.5", ["ACTION_FORECAST_K", "not an integer"]),
-    ("ACTION_FORECAST_GATE", "best", ["ACTION_FORECAST_GATE", "wins, all, mixed"]),
-    ("ACTION_FORECAST_LAYOUT", "grid", ["ACTION_FORECAST_LAYOUT", "list, turns"]),
-    ("TE_ETA", "1.5", ["TE_ETA", "[0.0, 1.0)"]),
-    ("TE_ETA", "1", ["TE_ETA", "[0.0, 1.0)"]),  # eta = 1: q has no mass outside the members' top-M
-    ("ACTION_FORECAST_MODE", "both", ["ACTION_FORECAST_MODE", "separate, joint"]),
-    ("TE_TRAJ_SUBSAMPLE", "0", ["TE_TRAJ_SUBSAMPLE", "(0.0, 1.0]"]),
-    ("INFO_KL_BATCH", "0", ["INFO_KL_BATCH", "[1, inf)"]),
-    ("INFO_GATE_TEMP", "0", ["INFO_GATE_TEMP", "(0.0, inf)"]),
-    ("INFO_INTRINSIC_WEIGHT", "nan", ["INFO_INTRINSIC_WEIGHT"]),
-    ("TE_WARMUP_STEPS", "abc", ["TE_WARMUP_STEPS", "not an integer"]),
+    ("action_forecast_enable", "ture", ["--cope.action_forecast_enable", "'ture'", "true", "false"]),
+    ("action_forecast_coef", "-0.1", ["--cope.action_forecast_coef", "allowed: [0.0, inf)"]),
+    ("action_forecast_k", "0", ["--cope.action_forecast_k", "allowed: [1, inf)"]),
+    ("action_forecast_k", "2.5", ["--cope.action_forecast_k", "not an integer"]),
+    ("action_forecast_gate", "best", ["--cope.action_forecast_gate", "wins, all, mixed"]),
+    ("action_forecast_layout", "grid", ["--cope.action_forecast_layout", "list, turns"]),
+    ("te_eta", "1.5", ["--cope.te_eta", "[0.0, 1.0)"]),
+    ("te_eta", "1", ["--cope.te_eta", "[0.0, 1.0)"]),  # eta = 1: q has no mass outside the members' top-M
+    ("action_forecast_mode", "both", ["--cope.action_forecast_mode", "separate, joint"]),
+    ("te_traj_subsample", "0", ["--cope.te_traj_subsample", "(0.0, 1.0]"]),
+    ("info_kl_batch", "0", ["--cope.info_kl_batch", "[1, inf)"]),
+    ("info_gate_temp", "0", ["--cope.info_gate_temp", "(0.0, inf)"]),
+    ("info_intrinsic_weight", "nan", ["--cope.info_intrinsic_weight"]),
+    ("te_warmup_steps", "abc", ["--cope.te_warmup_steps", "not an integer"]),
 ])
-def test_bad_env_values_name_variable_and_allowed(name, value, words):
-    with pytest.raises(CoPEConfigError) as error:
-        CoPEConfig.from_env({name: value})
+def test_bad_flag_values_name_flag_and_allowed(name, value, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse([f"--cope.{name}", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
     for word in words:
-        assert word in str(error.value)
+        assert word in err
 
 
 def test_direct_construction_is_checked():
@@ -72,34 +86,44 @@ def test_direct_construction_is_checked():
         CoPEConfig(te_enable="maybe")
 
 
-def parse(argv, environ):
+def parse(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--actor.model_name_or_path", default="m")  # an OpenRLHF-style dotted arg beside ours
-    add_cope_args(parser, environ)
+    add_cope_args(parser)
     return parser.parse_args(argv)
 
 
-def test_cli_overrides_environment():
-    environ = {"ACTION_FORECAST_K": "4", "TE_ENABLE": "1", "INFO_INTRINSIC_WEIGHT": "0.1"}
+def test_flags_and_hierarchized_args_give_one_config():
     argv = ["--cope.action_forecast_k", "6", "--cope.te_enable", "false", "--cope.grpo_filter_degenerate"]
-    args = parse(argv, environ)
+    args = parse(argv)
     config = CoPEConfig.from_args(args)
     assert config.action_forecast_k == 6 and not config.te_enable and config.grpo_filter_degenerate
-    assert config.info_intrinsic_weight == 0.1  # from the environment
     nested = hierarchize(args)  # how OpenRLHF hands args around
     assert CoPEConfig.from_args(nested) == config and nested.actor.model_name_or_path == "m"
 
 
+def test_help_says_what_each_flag_takes():
+    parser = argparse.ArgumentParser()
+    add_cope_args(parser)
+    text = " ".join(parser.format_help().split())
+    assert "--cope.te_eta [0.0, 1.0)" not in text  # the range is in the help, not the metavar
+    assert "weight of the forecasts in TE's target q (eta; < 1: q keeps some of the policy's mass) ([0.0, 1.0); " \
+           "default 0.5)" in text
+    assert "(wins, all, mixed; default 'wins')" in text and "(a boolean; default False)" in text
+    for f in fields(CoPEConfig):
+        assert f"--cope.{f.name}" in text
+
+
+def test_method_doc_lists_every_setting():
+    """docs/METHOD.md's table of settings (launcher variables) names every field, and nothing else."""
+    doc = open(os.path.join(ROOT, "docs", "METHOD.md")).read()
+    listed = set(re.findall(r"^\| `([A-Z_]+)` \|", doc, re.MULTILINE))
+    assert listed == {f.name.upper() for f in fields(CoPEConfig)}
+
+
 def test_bad_cli_value_exits_2_with_message(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        parse(["--cope.action_forecast_gate", "best"], {})
+        parse(["--cope.action_forecast_gate", "best"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--cope.action_forecast_gate='best' is not allowed; allowed: wins, all, mixed" in err
-
-
-def test_bad_env_default_fails_when_building_the_parser(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        parse([], {"TE_ENABLE": "ture"})
-    assert exit_info.value.code == 2
-    assert "TE_ENABLE='ture' is not a boolean; allowed: 1, true, yes, on, 0, false, no, off" in capsys.readouterr().err

@@ -85,11 +85,7 @@ def trainer_command(output: str) -> tuple[dict, list[str]]:
 def parser():
     from cope_rlhf.cli.train_ppo_ray import build_parser
 
-    saved = {k: os.environ.pop(k) for k in COPE_VARS if k in os.environ}  # defaults come from the environment
-    try:
-        yield build_parser()
-    finally:
-        os.environ.update(saved)
+    return build_parser()  # no CoPE default comes from the environment (tests/test_config.py)
 
 
 def parse(parser, argv: list[str]):

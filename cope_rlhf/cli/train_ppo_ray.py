@@ -3,7 +3,7 @@
 OpenRLHF builds its parser inside ``if __name__ == "__main__":``, so it cannot be imported. We run that module
 as ``__main__`` (``runpy``) with ``argparse.ArgumentParser.parse_args`` wrapped for the duration:
 
-- ``main``: the wrapper adds the CoPE group (``config.add_cope_args``, environment-variable defaults) to
+- ``main``: the wrapper adds the CoPE group (``config.add_cope_args``, one flag per ``CoPEConfig`` field) to
   OpenRLHF's parser, parses, and checks the combination; OpenRLHF's own post-processing and ``train(args)``
   then run unchanged. ``hierarchize`` turns ``cope.x`` into ``args.cope.x``; ``strategy.args`` travels to
   every Ray worker, where the CoPE classes read it. Before that, ``patch.apply()`` installs the CoPE classes
@@ -60,7 +60,7 @@ def _run_openrlhf_cli(parse_args) -> None:
 
 
 def _with_cope_group(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    add_cope_args(parser)  # a bad environment variable exits here, through parser.error
+    add_cope_args(parser)
     return parser
 
 
