@@ -27,11 +27,12 @@ from aiohttp import web
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from env_gateway.http1 import Http1Pool  # noqa: E402
+from env_gateway.servers._base import bound_socket  # noqa: E402
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, required=True, help="0: any free port (printed: 'listening on <url>')")
     p.add_argument("--backend", required=True, help="URL of an AgentGym-protocol server")
     args = p.parse_args()
     http = Http1Pool()
@@ -67,7 +68,9 @@ def main() -> None:
                     web.delete("/v1/sessions/{sid}", close), web.get("/v1/health", health)])
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    web.run_app(app, host="127.0.0.1", port=args.port, loop=loop, access_log=None, backlog=4096, print=None)
+    sock, port = bound_socket("127.0.0.1", args.port)
+    web.run_app(app, sock=sock, loop=loop, access_log=None, backlog=4096,
+                print=lambda *_: print(f"bare proxy listening on http://127.0.0.1:{port}", flush=True))
 
 
 if __name__ == "__main__":

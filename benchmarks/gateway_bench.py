@@ -33,9 +33,11 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -51,7 +53,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from env_gateway.client import GatewayClient  # noqa: E402
-from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, free_port, observation_text  # noqa: E402
+from env_gateway.servers.process import wait_listening  # noqa: E402
+from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, observation_text  # noqa: E402
 
 TIMEOUT = 120.0
 METHODS = ("gateway", "direct", "requests", "fresh", "bare")
@@ -243,28 +246,26 @@ def histogram_p50(before: dict[float, float], after: dict[float, float]) -> floa
 
 
 class GatewayProc:
-    """The gateway (python -m env_gateway), or with ``bare`` the reference proxy, in its own process."""
+    """The gateway (python -m env_gateway), or with ``bare`` the reference proxy, in its own process, on the port it
+    bound (``--port 0``; its log names it)."""
+
+    LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 
     def __init__(self, backend: str, bare: bool = False):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = ([os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", str(self.port), "--backend", backend]
+        argv = ([os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", "0", "--backend", backend]
                 if bare else
-                ["-m", "env_gateway", "--port", str(self.port), "--env", f"bench:agentgym={backend}",
+                ["-m", "env_gateway", "--port", "0", "--env", f"bench:agentgym={backend}",
                  "--max-concurrency", "100000", "--max-sessions", "100000", "--max-queue", "100000",
-                 "--log-level", "WARNING"])
-        self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT)
-        for _ in range(300):
-            try:
-                fetch(self.url + "/v1/health")
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("gateway did not start")
+                 "--log-level", "INFO"])  # INFO: the listening line; per-request logging is DEBUG
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = wait_listening(self.proc, self.log, self.LISTENING, lambda url: bool(fetch(url + "/v1/health")),
+                                  "the bare proxy" if bare else "the gateway", timeout=60)
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
+        self.log.close()
 
 
 def main() -> None:

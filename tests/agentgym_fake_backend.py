@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from aiohttp import web
 
@@ -268,10 +268,14 @@ async def running(variant: str = "agentgym", *, port: int = 0, **kw: Any) -> Asy
         await runner.cleanup()
 
 
-def free_port() -> int:
+@contextlib.contextmanager
+def refusing_port() -> Iterator[socket.socket]:
+    """A socket bound to a free port of 127.0.0.1 and not listening: while it is held, a connection there is refused
+    (an address where nothing listens) and no other process can take the port. ``listen()`` on it (or hand it to a
+    server) to serve there."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s
 
 
 class FakeBackendProcess:

@@ -23,7 +23,8 @@ import pytest
 from agent_funcs.base import INVALID_ACTION, TurnLimit, parse_react_action
 from tests.agent_funcs_stack import (AGENT_ENV_VARS, TEST_GATEWAY_FLAGS, ScriptedEngine, expert_rollout, load_agent_func,
                                      react, run_episode, server_module_exists)
-from tests.env_server_proc import EnvServerProcess, call, free_port, venv_python
+from tests.agentgym_fake_backend import refusing_port
+from tests.env_server_proc import EnvServerProcess, call, venv_python
 from tests.gateway_proc import GatewayProcess
 
 # env -> (item id, server args): short expert episodes, so the module stays fast
@@ -199,9 +200,9 @@ def test_episode_deadline_ends_the_episode_with_reward_0(searchqa_alone, tok, ga
 def test_unreachable_gateway_gives_reward_0_instead_of_raising(tok, monkeypatch, caplog):
     for name in AGENT_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("COPE_GATEWAY_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     engine = ScriptedEngine(tok, [react("<answer>x</answer>")])
-    with caplog.at_level(logging.WARNING, logger="agent_funcs"):
+    with refusing_port() as dead, caplog.at_level(logging.WARNING, logger="agent_funcs"):
+        monkeypatch.setenv("COPE_GATEWAY_URL", f"http://127.0.0.1:{dead.getsockname()[1]}")  # nothing listens there
         result = asyncio.run(run_episode("searchqa", 3, engine, tok, timeout=30))
     assert result["reward"] == 0.0 and result["extra_logs"]["env_failed"] == 1.0
     assert len(result["action_ranges"]) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from typing import Any, AsyncIterator
 
@@ -20,7 +21,7 @@ from env_gateway.client import (BackendFailed, BadRequest, GatewayClient, Gatewa
 from env_gateway.adapters import BackendError
 from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
 from env_gateway.server import Gateway
-from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, free_port, running
+from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, refusing_port, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,15 +31,16 @@ def run(coro: Any, timeout: float = 30.0) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def gateway(envs: dict[str, list[str] | EnvConfig], port: int = 0,
+async def gateway(envs: dict[str, list[str] | EnvConfig], sock: socket.socket | None = None,
                   **settings: Any) -> AsyncIterator[tuple[Gateway, str]]:
-    """An in-process gateway on 127.0.0.1 in the running loop: yields (gateway, url)."""
+    """An in-process gateway on 127.0.0.1 in the running loop (on ``sock``, a bound socket, when given; else on a
+    port of its own): yields (gateway, url)."""
     cfg = GatewayConfig(envs={name: e if isinstance(e, EnvConfig) else EnvConfig(name, e) for name, e in envs.items()},
                         **settings)
     gw = Gateway(cfg)
     runner = web.AppRunner(gw.app(), access_log=None, shutdown_timeout=1)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
         yield gw, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
@@ -161,10 +163,8 @@ def test_step_timeout_fails_the_session_with_504():
                 gateway({"babyai": [burl]}, request_timeout=0.3) as (gw, url):
             async with GatewayClient(url) as client:
                 opened = await client.create("babyai", 3)
-                t0 = time.monotonic()
-                with pytest.raises(BackendFailed) as e:
+                with pytest.raises(BackendFailed) as e:  # "hang" never answers: the 0.3 s timeout must end it
                     await client.step(opened.session_id, "hang")
-                assert time.monotonic() - t0 < 5
                 assert e.value.status == 504 and e.value.backend == burl
                 assert "timed out after 0.3s" in e.value.detail and "open a new session" in e.value.detail
                 assert gw.pools["babyai"].replicas[0].healthy  # a slow step says nothing about the replica's health
@@ -212,9 +212,7 @@ def test_replica_killed_mid_run():
 
 
 def test_create_retries_on_another_replica():
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-
-    async def main():
+    async def main(dead: str):
         async with running("agentgym") as (backend, burl), \
                 gateway({"babyai": [dead, burl]}, health_interval=60) as (gw, url):
             await until(lambda: not gw.pools["babyai"].replicas[0].healthy)  # the start-up health check found it
@@ -227,13 +225,12 @@ def test_create_retries_on_another_replica():
             samples = {s.name: s for m in text_string_to_metric_families(gw.metrics.render().decode())
                        for s in m.samples}
             assert samples["cope_gateway_create_retries_total"].value >= 1
-    run(main())
+    with refusing_port() as held:  # nothing listens there, and nothing can while it is held
+        run(main(f"http://127.0.0.1:{held.getsockname()[1]}"))
 
 
 def test_all_replicas_down_gives_clear_errors():
-    dead = f"http://127.0.0.1:{free_port()}"
-
-    async def main():
+    async def main(dead: str):
         async with gateway({"babyai": [dead]}, health_interval=0.1) as (gw, url):
             await until(lambda: not gw.pools["babyai"].replicas[0].healthy)
             status, body, headers = await raw(url, "POST", "/v1/sessions", json.dumps({"env": "babyai", "item_id": 1}))
@@ -245,7 +242,8 @@ def test_all_replicas_down_gives_clear_errors():
             with pytest.raises(Overloaded):  # retried until its own deadline, then raised
                 await client.create("babyai", 1)
             await client.aclose()
-    run(main())
+    with refusing_port() as held:
+        run(main(f"http://127.0.0.1:{held.getsockname()[1]}"))
 
 
 def test_idle_sessions_are_reaped_and_closed_on_the_backend():
@@ -497,28 +495,28 @@ def test_concurrent_steps_on_one_session_get_409():
 
 
 def test_client_errors_without_a_gateway_and_across_event_loops():
-    port = free_port()
-    client = GatewayClient(f"http://127.0.0.1:{port}", timeout=2)
+    with refusing_port() as sock:  # bound, not listening: refused until a gateway below listens on it
+        client = GatewayClient(f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=2)
 
-    async def unreachable():
-        with pytest.raises(GatewayUnavailable, match="unreachable"):
-            await client.create("babyai", 1)
-        await client.aclose()
-
-    run(unreachable())
-
-    async def one_episode():
-        async with running("agentgym", episode_len=2) as (backend, burl), \
-                gateway({"babyai": [burl]}, port=port):
-            assert await play(client, "babyai", 3) == (1.0, 2)
-            http = client.http()
-            assert http is client.http()  # one HTTP session per loop, reused
+        async def unreachable():
+            with pytest.raises(GatewayUnavailable, match="unreachable"):
+                await client.create("babyai", 1)
             await client.aclose()
-            return http
 
-    # the same client object in fresh event loops: each gets its own HTTP session
-    assert run(one_episode()) is not run(one_episode())
+        run(unreachable())
 
+        async def one_episode():
+            # each gateway serves (and closes) its own copy of the socket; the port stays held by ``sock``
+            async with running("agentgym", episode_len=2) as (backend, burl), \
+                    gateway({"babyai": [burl]}, sock=sock.dup()):
+                assert await play(client, "babyai", 3) == (1.0, 2)
+                http = client.http()
+                assert http is client.http()  # one HTTP session per loop, reused
+                await client.aclose()
+                return http
+
+        # the same client object in fresh event loops: each gets its own HTTP session
+        assert run(one_episode()) is not run(one_episode())
 
 def test_metrics_parse_as_prometheus_text():
     async def main():

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from env_gateway.http1 import Http1Pool, HttpError
-from tests.agentgym_fake_backend import free_port
+from tests.agentgym_fake_backend import refusing_port
 from tests.test_gateway import run
 
 pytestmark = pytest.mark.timeout(30)
@@ -85,8 +85,8 @@ def test_timeout_drops_the_connection_and_dead_ports_say_not_connected():
             assert not any(pool._idle.values())  # never reused: its late answer would reach the next request
             status, _ = await pool.request("GET", url, "/echo", None, 5)
             assert status == 200
-            with pytest.raises(HttpError, match="cannot connect") as e:
-                await pool.request("GET", f"http://127.0.0.1:{free_port()}", "/", None, 5)
+            with refusing_port() as dead, pytest.raises(HttpError, match="cannot connect") as e:
+                await pool.request("GET", f"http://127.0.0.1:{dead.getsockname()[1]}", "/", None, 5)
             assert not e.value.connected and not e.value.timed_out
         finally:
             pool.close()
