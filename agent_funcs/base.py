@@ -53,6 +53,7 @@ import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
 from agent_funcs.instructions import ACKNOWLEDGEMENT
+from cope_rlhf.chat_format import parse_react_action, realized_action
 from env_gateway.client import EnvSession, GatewayClient
 
 log = logging.getLogger("agent_funcs")
@@ -62,15 +63,6 @@ REACT_FORMAT = ("Answer every turn in this format:\nThought:\n<one or two senten
                 "Action:\n<exactly one action>\n")
 INVALID_ACTION = ("Invalid action: your reply has no action. End every reply with a line \"Action:\" followed by "
                   "exactly one action on the next line.")
-
-
-def parse_react_action(reply: str) -> str | None:
-    """The first non-empty line after the last ``Action:`` in a ReAct reply; None when there is none."""
-    _, sep, tail = reply.rpartition("Action:")
-    if not sep:
-        return None
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    return lines[0] if lines else None
 
 
 def _env_float(name: str, default: float) -> float:
@@ -209,12 +201,8 @@ class GatewayAgent(AgentInstanceBase):
     @classmethod
     def realized_action(cls, reply: str) -> str:
         """The action a reply took, as the CoPE forecast learns and predicts it: what ``parse_action`` sends to
-        the env; for a reply without one, its last non-empty line ("" for an empty reply)."""
-        action = cls.parse_action(reply)
-        if action is not None:
-            return action.strip()
-        lines = [line.strip() for line in reply.splitlines() if line.strip()]
-        return lines[-1] if lines else ""
+        the env (``cope_rlhf.chat_format.realized_action``)."""
+        return realized_action(reply, cls.parse_action)
 
     @classmethod
     def is_invalid(cls, observation: str) -> bool:

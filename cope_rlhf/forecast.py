@@ -2,8 +2,9 @@
 
 Realized action of a turn = ``action_format.realized_action(reply)``, where ``action_format`` is the
 environment's own rule, declared by its agent func (``load_action_format``; ``agent_funcs/<env>.py``): in
-general the action the env received (the first non-empty line after the last ``Action:``; a reply without one:
-its last non-empty line), AppWorld the last fenced code block, τ² the literal ``<tool_call>...</tool_call>`` span.
+general the action the env received (``chat_format.realized_action``: the first non-empty line after the last
+``Action:``; an empty action: ""; a reply without ``Action:``: its last non-empty line), AppWorld the last fenced
+code block, τ² the literal ``<tool_call>...</tool_call>`` span.
 ``action_format.is_invalid(feedback)`` reads the env's own words for a failed action (SciWorld "No known action
 matches that input", ALFWorld "Nothing happens", AppWorld "Execution failed", τ² "Error..."). An agent func
 without an ``action_format`` gets ``ReActFormat``.
@@ -50,6 +51,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 import torch
 
 from cope_rlhf.branches import BlockMaskFn, Branch, PackedRows, dense_mask, logit_columns, pack_rows
+from cope_rlhf.chat_format import chat_pieces, encode, realized_action
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import Turn, unpadded_trajectories
 
@@ -62,7 +64,6 @@ PLAN_AHEAD_TURNS = (
     "starting with the action you take right now. Reply with the action only."
 )
 NEXT_ACTION = "Next action?"
-_SENTINEL = "\x00COPE\x00"
 
 
 class ActionFormat(Protocol):
@@ -77,11 +78,7 @@ class ReActFormat:
     """For agent funcs that declare no format: the first non-empty line after the last ``Action:`` (else the
     reply's last non-empty line); invalid = the feedback says "invalid action"."""
 
-    @staticmethod
-    def realized_action(reply: str) -> str:
-        _, sep, tail = reply.rpartition("Action:")
-        lines = [line.strip() for line in (tail if sep else reply).splitlines() if line.strip()]
-        return (lines[0] if sep else lines[-1]) if lines else ""
+    realized_action = staticmethod(realized_action)
 
     @staticmethod
     def is_invalid(observation: str) -> bool:
@@ -102,42 +99,6 @@ def load_action_format(agent_func_path: Optional[str]) -> ActionFormat:
     spec.loader.exec_module(module)
     declared = getattr(getattr(module, "AgentExecutor", None), "action_format", None)
     return declared() if callable(declared) else ReActFormat()
-
-
-@dataclass(frozen=True)
-class ChatPieces:
-    """Token ids of the chat template's pieces, found by rendering the template around a sentinel."""
-
-    header: Tuple[int, ...]  # what add_generation_prompt appends (e.g. "<|im_start|>assistant\n")
-    user_open: str
-    user_close: str
-    body_open: str
-    body_close: str  # end-of-turn marker after assistant content (e.g. "<|im_end|>\n")
-
-
-@functools.lru_cache(maxsize=8)
-def chat_pieces(tokenizer) -> ChatPieces:
-    def render(messages, generation=False):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
-
-    def delta(longer: str, shorter: str, what: str) -> str:
-        if not longer.startswith(shorter):
-            raise ValueError(f"the tokenizer's chat template does not render {what} as an appended suffix")
-        return longer[len(shorter) :]
-
-    base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-    user_text = delta(render(base + [{"role": "user", "content": _SENTINEL}]), render(base), "a user message")
-    asked = base + [{"role": "user", "content": "z"}]
-    header = delta(render(asked, True), render(asked), "the generation prompt")
-    reply = delta(render(asked + [{"role": "assistant", "content": _SENTINEL}]), render(asked), "a reply")
-    body = delta(reply, header, "an assistant message after the generation prompt")
-    user_open, _, user_close = user_text.partition(_SENTINEL)
-    body_open, _, body_close = body.partition(_SENTINEL)
-    return ChatPieces(tuple(_encode(tokenizer, header)), user_open, user_close, body_open, body_close)
-
-
-def _encode(tokenizer, text: str) -> List[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
 @dataclass
@@ -187,7 +148,7 @@ def build_forecast_samples(
     header = list(pieces.header)
     tokens = list(tokens)
     actions = trajectory_actions(tokens, turns, tokenizer, action_format, skip_invalid)
-    newline = _encode(tokenizer, "\n")
+    newline = encode(tokenizer, "\n")
     samples = []
     for t in range(len(turns)):
         upcoming = [(u, actions[u]) for u in range(t, min(t + k, len(turns))) if actions[u] is not None]
@@ -202,7 +163,7 @@ def build_forecast_samples(
             )
         plan = (PLAN_AHEAD if layout == "list" else PLAN_AHEAD_TURNS).format(k=len(upcoming))
         shared = len(prefix) - len(header)
-        ids = prefix[:shared] + _encode(tokenizer, pieces.user_open + plan + pieces.user_close)
+        ids = prefix[:shared] + encode(tokenizer, pieces.user_open + plan + pieces.user_close)
         mask = [0] * len(ids)
         slots = []
 
@@ -212,17 +173,17 @@ def build_forecast_samples(
 
         for i, (slot_turn, action) in enumerate(upcoming):
             if layout == "turns" and i > 0:
-                add(_encode(tokenizer, pieces.user_open + NEXT_ACTION + pieces.user_close), 0)
+                add(encode(tokenizer, pieces.user_open + NEXT_ACTION + pieces.user_close), 0)
             if layout == "turns" or i == 0:
                 add(header, 0)
-                add(_encode(tokenizer, pieces.body_open), 1)
+                add(encode(tokenizer, pieces.body_open), 1)
             elif layout == "list":
                 add(newline, 1)
             start = len(ids)
-            add(_encode(tokenizer, action), 1)
+            add(encode(tokenizer, action), 1)
             slots.append((slot_turn, start, len(ids)))
             if layout == "turns" or i == len(upcoming) - 1:
-                add(_encode(tokenizer, pieces.body_close), 1)
+                add(encode(tokenizer, pieces.body_close), 1)
         cut = min(len(ids) - max_length, shared) if max_length is not None else 0
         if cut > 0:  # left-truncate the prefix; the sample no longer shares the trajectory's positions
             ids, mask, shared = ids[cut:], mask[cut:], 0

@@ -20,7 +20,10 @@ import time
 
 import pytest
 
-from agent_funcs.base import INVALID_ACTION, TurnLimit, parse_react_action
+from agent_funcs.babyai import BabyAIAgent
+from agent_funcs.base import INVALID_ACTION, TurnLimit
+from cope_rlhf.chat_format import parse_react_action
+from cope_rlhf.forecast import ReActFormat
 from tests.agent_funcs_stack import (AGENT_ENV_VARS, TEST_GATEWAY_FLAGS, ScriptedEngine, expert_rollout, load_agent_func,
                                      react, run_episode, server_module_exists)
 from tests.agentgym_fake_backend import refusing_port
@@ -241,6 +244,17 @@ def test_cancelled_episode_closes_its_session(searchqa_alone, tok, gateway_env):
 ])
 def test_parse_react_action(reply, action):
     assert parse_react_action(reply) == action
+
+
+@pytest.mark.parametrize("reply,realized", [
+    ("Thought:\nx\n\nAction:\ngo to red ball 1", "go to red ball 1"),
+    ("Thought: x\nAction:\n", ""),  # an empty action: nothing for the forecast to learn (was "Action:")
+    ("just text\n\nlast line \n", "last line"),  # no Action: the reply's last line
+    ("", ""),
+])
+def test_built_in_agents_and_the_forecast_default_realize_actions_alike(reply, realized):
+    """One rule (cope_rlhf.chat_format.realized_action) for the agent funcs and the forecast's ReActFormat."""
+    assert BabyAIAgent.realized_action(reply) == ReActFormat.realized_action(reply) == realized
 
 
 def test_turn_limit_from_environment(monkeypatch, tmp_path):
