@@ -6,7 +6,19 @@ In the PPO loss, per micro-batch (``CoPEActorPPOTrainer.training_step``, around 
     L_TE = mean over the micro-batch's covered action tokens of sum_v [q - p - p log(q/p)],  p = pi_theta
     q    = temporal_ensemble.mixture_target(pi_frozen, members, eta),  lambda_step = te_lambda(config, step)
 
-Members come with the experience (``info[TE_KEY]``, built by ``CoPEExperienceMaker``). pi_frozen is taken
+The frozen signals are the actor's own. ``CoPEPolicyModelActor.append`` computes them when an experience arrives,
+before the update, so under the pre-update weights (``attach_frozen_signals``: one ``cope_frozen_signals`` call, one
+packed forward per trajectory serving both signals): information gain's per-token intrinsic reward, and the TE
+members of the list-layout forecast samples of a ``TE_TRAJ_SUBSAMPLE`` fraction of the trajectories. They stay on
+the rank, each sample tagged with their id (``info[SIGNALS_KEY]``, a per-sample tensor: the replay buffer carries
+nothing else of them). At the start of ``ppo_train`` the information-gain term joins the advantages,
+
+    A += beta_g * (x - mean x) / std x   on action tokens      (advantage.add_info_bonus)
+
+with beta_g from the experience maker (``info[INFO_BETA_KEY]``) and mean, std over every action token of the batch,
+all ranks (``cope/info_reward_mean``, ``cope/info_turns_scored``); ``training_step`` reads the members back by id,
+and ``ppo_train`` logs their coverage (``cope/te_slots``, ``cope/te_slot_coverage``,
+``cope/te_member_first_token_prob``, over all ranks) and forgets the signals. pi_frozen is taken
 as the micro-batch's own logits, detached: it equals the pre-update policy exactly in the usual GRPO set-up
 of one optimizer step per rollout batch (train batch = rollout batch x n, one epoch), and is the current
 policy's stop-gradient otherwise (shipping the frozen full-vocabulary distribution would cost
@@ -40,12 +52,12 @@ stand-in), as ZeRO-3's parameter gathering requires. The separate pass must also
 window: ``cope_forecast_step`` counts the PPO pass's micro-steps and refuses a count that is not a multiple of the
 window (DeepSpeed would otherwise take the PPO optimizer step inside the forecast pass, on both gradients mixed).
 
-The experience maker's remote method ``cope_frozen_signals`` (no gradient, pre-update weights) returns the
-information-gain token rewards and the TE members of a batch, from ``frozen_signals.frozen_signals``: one packed
-forward per trajectory, its turns and forecast samples as branches under a block mask (``cope_rlhf.branches``). The
-forecast loss is packed the same way (``forecast.forecast_loss``). For both the model is switched by
-``block_attention`` to an attention implementation that takes a block mask (flash attention cannot), for the whole
-call, backward included (gradient checkpointing re-runs the forward there). Ring attention (``ds.ring_attn_size > 1``,
+``cope_frozen_signals`` (no gradient, pre-update weights) returns the information-gain token rewards and the TE
+members of a batch, from ``frozen_signals.frozen_signals``: one packed forward per trajectory, its turns and
+forecast samples as branches under a block mask (``cope_rlhf.branches``). The forecast loss is packed the same way
+(``forecast.forecast_loss``). For both the model is switched by ``block_attention`` to an attention implementation
+that takes a block mask (flash attention cannot), for the whole call, backward included (gradient checkpointing
+re-runs the forward there). Ring attention (``ds.ring_attn_size > 1``,
 the sequence split over ranks, so no rank holds a whole row to mask) is refused, as the CLI refuses it. All logits
 here are the model's, divided by the rollout temperature as OpenRLHF's ``Actor.forward`` does. Each call runs as
 many forwards on every data-parallel rank as the busiest rank needs (``_same_forward_count``: the others run
@@ -56,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import ray
@@ -63,14 +76,17 @@ import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
+from cope_rlhf.advantage import add_info_bonus
 from cope_rlhf.branches import BlockMaskFn, block_attention
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import ForecastSample, forecast_loss
+from cope_rlhf.forecast import ForecastSample, build_forecast_samples, forecast_loss, load_action_format
 from cope_rlhf.frozen_signals import frozen_signals
 from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
+from cope_rlhf.turns import unpadded_trajectories
 
 FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
-TE_KEY = "cope_te_members"  # info key: per sample, a dict of member tensors (popped in training_step)
+SIGNALS_KEY = "cope_signals_id"  # info key: per sample, its frozen signals' id on this rank (popped in training_step)
+INFO_BETA_KEY = "cope_info_beta"  # info key: per sample, its gate beta_g, from the maker (popped in training_step)
 UPDATES_STATE = "cope_updates"  # checkpoint client state: PPO updates so far (TE_WARMUP_STEPS counts them)
 EMPTY_MICRO_BATCH_TOKENS = 1e-9  # ppo_train's token weight for a micro-batch the filter emptied (see training_step)
 STAND_IN = ForecastSample([0, 0], [0, 1], row=-1, turn=0, weight=0.0)  # a forecast forward with no weight
@@ -201,8 +217,10 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
 
     def _cope_training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict]):
         """OpenRLHF's step, with the TE term and (joint mode) this micro-step's forecast share added to its loss."""
-        members = experience.info.pop(TE_KEY, None)
-        te = members is not None and self.cope.te_enable
+        ids = experience.info.pop(SIGNALS_KEY, None)
+        experience.info.pop(INFO_BETA_KEY, None)
+        te = ids is not None and self.cope.te_enable
+        members = [self.cope_signals[int(i)]["members"] for i in ids] if te else None
         joint = self.__dict__.get("cope_joint_parts")
         part = joint.pop(0) if joint else None
         if not te and part is None:
@@ -239,6 +257,76 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             status["metrics"]["policy_loss"] = status["metrics"]["policy_loss"] - captured["extra"].detach()
         return status
 
+    def attach_frozen_signals(self, experience) -> None:
+        """The frozen signals of an experience being appended (module docstring): info gain's token rewards and the
+        TE members of its drawn trajectories (a ``TE_TRAJ_SUBSAMPLE`` fraction, drawn from ``random.Random`` seeded
+        by (train.seed, the updates so far, the experience's first rollout position)), from one
+        ``cope_frozen_signals`` call; kept in ``cope_signals`` by per-sample id (``info[SIGNALS_KEY]``), their counts
+        in ``cope_signal_counts``."""
+        te, info_gain = self.cope.te_enable, self.cope.info_gain_enable
+        positions = list(experience.index)
+        samples = trajectories = None
+        if te:
+            rows = unpadded_trajectories([experience])
+            draw = random.Random(f"{self.args.train.seed}-{getattr(self, 'cope_updates', 0)}-{positions[0]}")
+            chosen = set(draw.sample(positions, max(1, round(self.cope.te_traj_subsample * len(positions)))))
+            action_format = load_action_format(self.args.train.agent_func_path)
+            samples = [build_forecast_samples(*rows[p], self.tokenizer, self.cope.action_forecast_k, "list",
+                                              self.cope.action_forecast_skip_invalid, row=p,
+                                              action_format=action_format,
+                                              max_length=self.cope.action_forecast_max_length) if p in chosen else []
+                       for p in positions]
+            trajectories = [rows[p] for p in positions]
+        gain, members = self.cope_frozen_signals(experience.sequences, experience.attention_mask,
+                                                 experience.action_mask, samples, trajectories, info_gain=info_gain)
+        store = self.__dict__.setdefault("cope_signals", {})
+        # TE slots, covered slots, first-token probability x covered; info gain's scored turns
+        counts = self.__dict__.setdefault("cope_signal_counts", [0.0] * 4)
+        ids = torch.arange(len(store), len(store) + len(positions))
+        for b, i in enumerate(ids.tolist()):
+            store[i] = {}
+            if info_gain:
+                store[i]["intrinsic"] = gain[0][b]
+            if te:
+                store[i]["members"], metrics = members[b]
+                covered = metrics["cope/te_slots"] * metrics["cope/te_slot_coverage"]
+                counts[0] += metrics["cope/te_slots"]
+                counts[1] += covered
+                counts[2] += covered * metrics["cope/te_member_first_token_prob"]
+        if info_gain:
+            counts[3] += gain[1]["cope/info_turns_scored"]
+        experience.info[SIGNALS_KEY] = ids
+
+    def _add_info_bonus(self) -> float:
+        """A += beta_g * Â_intr on the action tokens of every replay-buffer item (``advantage.add_info_bonus``),
+        Â_intr z-scored over the action tokens of the whole batch, all ranks; returns their mean intrinsic reward.
+        The buffer's items are right-trimmed, so each one's intrinsic row is cut to its length."""
+        items = self.replay_buffer.items
+        rows = [self.cope_signals[int(item.info[SIGNALS_KEY])].pop("intrinsic")[: len(item.action_mask)]
+                for item in items]
+        values = torch.cat([x.double()[item.action_mask.bool()] for x, item in zip(rows, items)] +
+                           [torch.zeros(0, dtype=torch.float64)])
+        total, squares, count = self._all_reduce(
+            torch.tensor([values.sum(), values.pow(2).sum(), values.numel()], dtype=torch.float64), "sum").tolist()
+        mean = total / count if count else 0.0
+        std = max(squares / count - mean * mean, 0.0) ** 0.5 if count else 0.0
+        for x, item in zip(rows, items):
+            item.advantages = add_info_bonus(item.advantages, x, item.action_mask, item.info[INFO_BETA_KEY], mean, std)
+        return mean
+
+    def _signals_status(self, info_mean: float) -> Dict[str, float]:
+        """The frozen signals' metrics over this update's experiences, all ranks; the signals are forgotten."""
+        self.__dict__.pop("cope_signals", None)
+        slots, covered, hit, scored = self._all_reduce(
+            torch.tensor(self.__dict__.pop("cope_signal_counts", [0.0] * 4)), "sum").tolist()
+        status = {}
+        if self.cope.te_enable:
+            status.update({"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0,
+                           "cope/te_member_first_token_prob": hit / covered if covered else 0.0})
+        if self.cope.info_gain_enable:
+            status.update({"cope/info_reward_mean": info_mean, "cope/info_turns_scored": scored})
+        return status
+
     def _te_kl(self, logits: torch.Tensor, members: Sequence[dict], attention_mask: torch.Tensor) -> torch.Tensor:
         """Mean KL(pi_theta || q) over covered tokens; ``logits`` of the training forward: (B, T, V), or with
         ``--ds.packing_samples`` (1, N, V) over the rows' valid tokens one row after another (OpenRLHF unpads
@@ -262,6 +350,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         return te_kl(policy, q).mean()
 
     def ppo_train(self, kl_ctl: float):
+        info_mean = self._add_info_bonus() if self.cope.info_gain_enable else 0.0
         forecast = self.cope.action_forecast_enable
         if forecast and self.cope.action_forecast_mode == "joint":
             # OpenRLHF's DataLoader keeps whole micro-batches only (drop_last): that many micro-steps per epoch
@@ -271,6 +360,8 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             self.cope_joint_loss = 0.0
         status = super().ppo_train(kl_ctl)
         self.cope_updates = getattr(self, "cope_updates", 0) + 1
+        if self.cope.te_enable or self.cope.info_gain_enable:
+            status.update(self._signals_status(info_mean))
         if forecast and self.cope.action_forecast_mode == "joint":
             leftover = self.__dict__.pop("cope_joint_parts", [])
             if any(samples for samples, _ in leftover):
@@ -398,6 +489,8 @@ class CoPEPolicyModelActor(CoPEActorMethods, PolicyModelActor.__ray_actor_class_
 
     def append(self, experience):
         self.trainer.take_forecast_samples(experience)
+        if self.trainer.cope.te_enable or self.trainer.cope.info_gain_enable:
+            self.trainer.attach_frozen_signals(experience)
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0):

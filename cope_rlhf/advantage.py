@@ -9,7 +9,8 @@ anything here:
     per-token reward = r'_i at the sample's last action token, minus kl_coef * kl (OpenRLHF's compute_reward)
     returns_t = sum_{t' >= t} action_mask_t' * reward_t'  (gamma = 1);  advantages = returns
 
-Info-gated advantage, on action tokens only:
+Info-gated advantage, on action tokens only (``info_gates`` in the experience maker, ``add_info_bonus`` in the
+policy actor, once the batch's intrinsic rewards are known on every rank):
     A = A_GRPO + beta_g * Â_intr,   beta_g = w * exp(-sigma_g / T),   sigma_g = std_g r
     Â_intr = (x - mean x) / std x over every action token of the batch (x = per-token intrinsic reward)
 The gate opens fully where a group's samples all scored the same, i.e. where GRPO gives no gradient.
@@ -84,21 +85,15 @@ def filter_degenerate_groups(experiences: Sequence, n: int, keep_action_mask: bo
     return {"cope/filtered_frac": filtered / max(total, 1)}
 
 
+def info_gates(experiences: Sequence, n: int, weight: float, gate_temp: float) -> List[torch.Tensor]:
+    """beta_g = w * exp(-sigma_g / T) of each sample's group, split like the experiences."""
+    return [weight * torch.exp(-s.float() / gate_temp) for s in group_reward_std(experiences, n)]
+
+
 @torch.no_grad()
-def add_info_gated_advantage(
-    experiences: Sequence, intrinsic: Sequence[torch.Tensor], n: int, weight: float, gate_temp: float
-) -> Dict[str, float]:
-    """A += beta_g * Â_intr on action tokens; ``intrinsic[i]`` is aligned with ``experiences[i].action_mask``."""
-    masks = [e.action_mask.bool() for e in experiences]
-    for m, x in zip(masks, intrinsic):
-        if x.shape != m.shape:
-            raise ValueError(f"intrinsic reward shape {tuple(x.shape)} does not match action_mask {tuple(m.shape)}")
-    values = torch.cat([x.float()[m] for x, m in zip(intrinsic, masks)])
-    if values.numel() == 0:
-        return {"cope/info_beta_mean": 0.0, "cope/info_reward_mean": 0.0}
-    mean, std = values.mean(), values.std(unbiased=False)
-    betas = [weight * torch.exp(-s.float() / gate_temp) for s in group_reward_std(experiences, n)]
-    for e, x, m, beta in zip(experiences, intrinsic, masks, betas):
-        bonus = beta.unsqueeze(1) * (x.float() - mean) / std.clamp_min(1e-8) * m
-        e.advantages = e.advantages + bonus.to(e.advantages.dtype)
-    return {"cope/info_beta_mean": float(torch.cat(betas).mean()), "cope/info_reward_mean": float(mean)}
+def add_info_bonus(advantages: torch.Tensor, intrinsic: torch.Tensor, action_mask: torch.Tensor, beta: torch.Tensor,
+                   mean: float, std: float) -> torch.Tensor:
+    """``advantages + beta * (x - mean) / std`` on action tokens (``std`` floored at 1e-8): one sample's info term,
+    ``mean`` and ``std`` those of the intrinsic reward over every action token of the batch."""
+    bonus = beta * (intrinsic.float() - mean) / max(std, 1e-8) * action_mask.bool()
+    return advantages + bonus.to(advantages.dtype)

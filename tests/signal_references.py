@@ -8,14 +8,17 @@ equal. Test code only: they cost one forward per turn (``benchmarks/signal_cost.
 - ``per_sample_member_logits``: each forecast sample's own forward, cut around its later slots (what
   ``temporal_ensemble.collect_members`` reads).
 - ``per_sample_forecast_loss``: the samples collated, right-padded, one row each, full logits (``forecast_nll``).
+- ``add_info_gated_advantage``: the info-gated advantage of a whole batch in one process (the trainer splits it: the
+  gates in the experience maker, the z-scored bonus in each policy rank, ``cope_rlhf.advantage``).
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
+from cope_rlhf.advantage import group_reward_std
 from cope_rlhf.branches import logit_columns
 from cope_rlhf.forecast import ForecastSample
 from cope_rlhf.info_gain import plan_probes, position_ids_for, probe_kl, spread_rewards
@@ -114,3 +117,23 @@ def per_sample_forecast_loss(logits_fn, samples: Sequence[ForecastSample], coef:
                        None)
     on = logits.device
     return forecast_nll(logits, input_ids.to(on), loss_mask.to(on), weights.to(on), coef)
+
+
+@torch.no_grad()
+def add_info_gated_advantage(
+    experiences: Sequence, intrinsic: Sequence[torch.Tensor], n: int, weight: float, gate_temp: float
+) -> Dict[str, float]:
+    """A += beta_g * Â_intr on action tokens; ``intrinsic[i]`` is aligned with ``experiences[i].action_mask``."""
+    masks = [e.action_mask.bool() for e in experiences]
+    for m, x in zip(masks, intrinsic):
+        if x.shape != m.shape:
+            raise ValueError(f"intrinsic reward shape {tuple(x.shape)} does not match action_mask {tuple(m.shape)}")
+    values = torch.cat([x.float()[m] for x, m in zip(intrinsic, masks)])
+    if values.numel() == 0:
+        return {"cope/info_beta_mean": 0.0, "cope/info_reward_mean": 0.0}
+    mean, std = values.mean(), values.std(unbiased=False)
+    betas = [weight * torch.exp(-s.float() / gate_temp) for s in group_reward_std(experiences, n)]
+    for e, x, m, beta in zip(experiences, intrinsic, masks, betas):
+        bonus = beta.unsqueeze(1) * (x.float() - mean) / std.clamp_min(1e-8) * m
+        e.advantages = e.advantages + bonus.to(e.advantages.dtype)
+    return {"cope/info_beta_mean": float(torch.cat(betas).mean()), "cope/info_reward_mean": float(mean)}

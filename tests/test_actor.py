@@ -10,6 +10,7 @@ device ppo_train moves batches to), is pointed at the CPU. Experiences go throug
 import contextlib
 import copy
 import math
+import os
 
 import pytest
 import torch
@@ -21,9 +22,9 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.config import hierarchize
 
 from cope_rlhf import actor as actor_module
-from cope_rlhf.actor import (FORECAST_KEY, TE_KEY, UPDATES_STATE, CoPEActorMethods, CoPEActorPPOTrainer,
-                             CoPEPolicyModelActor)
-from cope_rlhf.advantage import filter_degenerate_groups
+from cope_rlhf.actor import (FORECAST_KEY, INFO_BETA_KEY, SIGNALS_KEY, UPDATES_STATE, CoPEActorMethods,
+                             CoPEActorPPOTrainer, CoPEPolicyModelActor)
+from cope_rlhf.advantage import filter_degenerate_groups, info_gates
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import unpadded_trajectories
@@ -44,12 +45,13 @@ EPISODES = [
      ["Action:\nlook around", "Action:\npick key", "Action:\npick up key"]),
 ]
 REWARDS = [1.0, 0.0, 0.0, 1.0]
+AGENT_FUNC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent_funcs", "babyai.py")
 
 
 def cli_args(*argv):
     args = hierarchize(build_parser().parse_args(
         ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(N),
-         "--train.micro_batch_size", "4", "--train.agent_func_path", "agent.py", *argv]))
+         "--train.micro_batch_size", "4", "--train.agent_func_path", AGENT_FUNC, *argv]))
     args.actor.eps_clip_low_high = (args.actor.eps_clip, args.actor.eps_clip)  # as OpenRLHF's CLI sets it
     return args
 
@@ -163,17 +165,17 @@ def te_reference(policy_logits_rows, frozen_rows, eta):
 
 def test_te_term_pulls_policy_toward_q(batch, model_dir, tok, monkeypatch, on_cpu):
     args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0", "--cope.te_warmup_steps", "0")
-    experience = copy.deepcopy(batch)
-    members = te_members(batch, model_dir, tok, args)
+    members = te_members(batch, model_dir, tok, args)  # the reference: the same weights, in a separate holder
     assert sum(len(m["positions"]) for m in members) > 0
-    experience.info[TE_KEY] = members
     stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
     cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
     frozen = kl_to_q(cope.actor, batch, members, 0.5)
     expected_kl = te_reference(frozen, frozen, 0.5)
     stock_status = train_once(stock, batch)
-    status = train_once(cope, experience)
+    status = train_once(cope, batch)  # append computes the members, under the pre-update weights
     assert status["cope/te_kl"] == pytest.approx(float(expected_kl), rel=1e-4)
+    assert status["cope/te_slots"] > 0 and 0 < status["cope/te_slot_coverage"] <= 1
+    assert not cope.__dict__.get("cope_signals")  # used for this update, then forgotten
     assert status["policy_loss"] == pytest.approx(stock_status["policy_loss"], rel=1e-5, abs=1e-7)
     kl_stock = te_reference(kl_to_q(stock.actor, batch, members, 0.5), frozen, 0.5)
     kl_cope = te_reference(kl_to_q(cope.actor, batch, members, 0.5), frozen, 0.5)
@@ -195,8 +197,6 @@ def test_te_term_with_packing_samples_equals_padded(batch, model_dir, tok, monke
     """--ds.packing_samples: OpenRLHF's Actor runs the micro-batch unpadded as one (1, N) stream; the TE term reads
     its logits there. Same KL, same update as the padded run."""
     args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0", "--cope.te_warmup_steps", "0")
-    experience = copy.deepcopy(batch)
-    experience.info[TE_KEY] = te_members(batch, model_dir, tok, args)
     results = {}
     for packing in (False, True):
         trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
@@ -205,7 +205,7 @@ def test_te_term_with_packing_samples_equals_padded(batch, model_dir, tok, monke
         trainer.actor.model.register_forward_pre_hook(lambda m, a, kw: calls.append(a[0] if a else kw["input_ids"]),
                                                       with_kwargs=True)
         trainer.actor.model.register_forward_pre_hook(varlen_stand_in, with_kwargs=True)
-        results[packing] = train_once(trainer, experience), params(trainer), calls
+        results[packing] = train_once(trainer, batch), params(trainer), calls
     (padded, padded_params, _), (packed, packed_params, packed_calls) = results[False], results[True]
     assert packed_calls[0].shape[0] == 1  # the packed path did run: one row
     assert packed["cope/te_kl"] == pytest.approx(padded["cope/te_kl"], rel=1e-5)
@@ -213,14 +213,40 @@ def test_te_term_with_packing_samples_equals_padded(batch, model_dir, tok, monke
         torch.testing.assert_close(packed_params[name], value, atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_frozen_signals_stay_on_the_rank_the_buffer_carries_ids(batch, model_dir, tok, monkeypatch, on_cpu):
+    """append computes info gain and the TE members in one packed forward per trajectory; the replay buffer carries
+    one per-sample id tensor for them (no lists of objects in info); TE_TRAJ_SUBSAMPLE 0.5 gives members to half the
+    trajectories; the ids never reach the log, the signals are forgotten after the update."""
+    args = cli_args("--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0",
+                    "--cope.te_traj_subsample", "0.5", "--cope.info_intrinsic_weight", "0.1")
+    trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    actor.trainer = trainer
+    experience = copy.deepcopy(batch)
+    experience.info[INFO_BETA_KEY] = info_gates([experience], N, 0.1, 0.05)[0]  # what the maker adds
+    dims = mask_dims(trainer.actor.model)
+    actor.append(experience)
+    assert [d for d, _ in dims] == [4] * 4  # INFO_KL_BATCH 2, TE_MICRO_BATCH_SIZE_PER_GPU 1: a forward per trajectory
+    items = trainer.replay_buffer.items
+    assert [int(item.info[SIGNALS_KEY]) for item in items] == [0, 1, 2, 3]
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for item in items for v in item.info.values())
+    with_members = [i for i, m in trainer.cope_signals.items() if len(m["members"]["positions"])]
+    assert len(with_members) == 2  # half of the four trajectories were drawn
+    assert all("intrinsic" in m for m in trainer.cope_signals.values())
+    torch.manual_seed(0)
+    status = trainer.ppo_train(kl_ctl=0.0)
+    assert SIGNALS_KEY not in status and INFO_BETA_KEY not in status
+    assert status["cope/te_kl"] > 0 and status["cope/te_slots"] > 0 and status["cope/info_turns_scored"] > 0
+    assert status["cope/info_reward_mean"] > 0
+    assert not trainer.__dict__.get("cope_signals")
+
+
 def test_te_lambda_zero_is_diagnostic_only(batch, model_dir, tok, monkeypatch, on_cpu):
     args = cli_args("--cope.te_enable", "--cope.te_lambda", "0")
-    experience = copy.deepcopy(batch)
-    experience.info[TE_KEY] = te_members(batch, model_dir, tok, args)
     stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
     cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
     train_once(stock, batch)
-    status = train_once(cope, experience)
+    status = train_once(cope, batch)
     assert status["cope/te_kl"] > 0
     assert all(torch.equal(v, params(cope)[k]) for k, v in params(stock).items())
 

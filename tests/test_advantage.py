@@ -7,10 +7,11 @@ import pytest
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
-from cope_rlhf.advantage import (add_info_gated_advantage, filter_degenerate_groups, group_reward_std,
+from cope_rlhf.advantage import (add_info_bonus, filter_degenerate_groups, group_reward_std, info_gates,
                                  rounding_noise_frac)
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.frozen_signals import frozen_signals
+from tests.signal_references import add_info_gated_advantage
 from tests.tiny_hf import agent_response, hf_logits_fn, stock_grpo, tiny_model, tiny_tokenizer, to_experience
 
 
@@ -87,14 +88,26 @@ def test_info_gate_opens_where_grpo_is_silent():
     batch = hand_batch()
     stock_grpo(batch, n=2)
     intrinsic = [torch.tensor([[0, 1.0, 3.0, 0], [2.0, 2.0, 0, 0]]), torch.tensor([[1.0, 0.0, 0, 0], [0, 0, 0, 0]])]
-    metrics = add_info_gated_advantage(batch, intrinsic, 2, weight=0.1, gate_temp=0.05)
+    reference = [Experience(action_mask=e.action_mask, advantages=e.advantages.clone()) for e in batch]
+    # the trainer's split: the gates from the maker, the bonus per sample in the actor with the batch's mean and std
     values = torch.tensor([1.0, 3.0, 2.0, 2.0, 1.0, 0.0, 0.0, 0.0])  # the 8 action tokens
+    betas = info_gates(batch, 2, weight=0.1, gate_temp=0.05)
+    for e, x, beta in zip(batch, intrinsic, betas):
+        for b in range(len(x)):
+            e.advantages[b] = add_info_bonus(e.advantages[b], x[b], e.action_mask[b], beta[b], float(values.mean()),
+                                             float(values.std(unbiased=False)))
     normed = lambda x: (x - values.mean()) / values.std(unbiased=False)  # noqa: E731
     # degenerate group (std 0): beta = w; the other: w * exp(-0.7071 / 0.05), about 7e-8
     assert batch[0].advantages[0, 1].item() == pytest.approx(0.1 * normed(1.0).item(), abs=1e-6)
     assert batch[0].advantages[0, 0].item() == 0.0 and batch[0].advantages[0, 3].item() == 0.0
     small = 0.1 * math.exp(-math.sqrt(0.5) / 0.05)
-    assert metrics["cope/info_beta_mean"] == pytest.approx((0.1 + small) / 2, rel=1e-5)
+    assert float(torch.cat(betas).mean()) == pytest.approx((0.1 + small) / 2, rel=1e-5)
+    # the whole-batch reference (tests/signal_references.py) gives the same advantages
+    for r, e in zip(reference, batch):
+        r.rewards, r.index = e.rewards, e.index
+    metrics = add_info_gated_advantage(reference, intrinsic, 2, weight=0.1, gate_temp=0.05)
+    for r, e in zip(reference, batch):
+        torch.testing.assert_close(r.advantages, e.advantages)
     assert metrics["cope/info_reward_mean"] == pytest.approx(float(values.mean()))
 
 

@@ -16,19 +16,17 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.utils.config import hierarchize
 
-from agent_funcs.babyai import BabyAIAgent
-from cope_rlhf.actor import FORECAST_KEY, TE_KEY
-from cope_rlhf.advantage import add_info_gated_advantage, filter_degenerate_groups
+from cope_rlhf.actor import FORECAST_KEY, INFO_BETA_KEY, CoPEActorPPOTrainer, CoPEPolicyModelActor
+from cope_rlhf.advantage import filter_degenerate_groups, info_gates
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
+from cope_rlhf.cpu_cluster import CPUReplayBuffer
 from cope_rlhf.experience_maker import CoPEExperienceMaker
-from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
-from cope_rlhf.info_gain import position_ids_for
-from cope_rlhf.temporal_ensemble import collect_members
+from cope_rlhf.forecast import forecast_samples_from_experiences
 from cope_rlhf.turns import turn_spans
 from tests.conftest import ROOT
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.signal_references import per_turn_info_gain
+from tests.signal_references import add_info_gated_advantage, per_turn_info_gain
 from tests.tiny_hf import agent_response, to_experience
 
 AGENT_FUNC = os.path.join(ROOT, "agent_funcs", "babyai.py")  # the maker reads its action format
@@ -147,51 +145,70 @@ def test_filter_zeroes_degenerate_group(groups, tok, stock):
     assert sorted(dropped) == [4, 5, 6, 7]
 
 
-def test_filter_with_info_gain_leaves_degenerate_groups_the_intrinsic_term(groups, tok, stock, policy):
-    """Both switches on: the degenerate group (rows 4-7) loses its extrinsic advantage, keeps its action mask, and
-    gets beta = w (the gate fully open) times the normalised intrinsic reward; the other groups are as with info gain
-    alone."""
+def through_the_actor(experiences, tok, checkpoint: str, *argv: str) -> list:
+    """The maker's experiences as the CoPE policy actor trains on them: appended (its frozen signals computed under
+    the weights of ``checkpoint``, the actor group's), then the info term added to the buffered items' advantages,
+    as ``ppo_train`` does first. Returns the buffer's items (one per sample, right-trimmed)."""
+    args = cli_args(*argv)
+    trainer = object.__new__(CoPEActorPPOTrainer)
+    trainer.strategy, trainer.args, trainer.tokenizer = StandInStrategy(args), args, tok
+    trainer.actor = load_actor(checkpoint)
+    trainer.replay_buffer = CPUReplayBuffer(4, 0, False, False, False)
+    actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    actor.trainer = trainer
+    for e in copy.deepcopy(experiences):
+        actor.append(e)
+    trainer._add_info_bonus()
+    return trainer.replay_buffer.items
+
+
+def test_info_gain_gates_in_the_maker_the_bonus_in_the_actor(groups, tok, stock, policy, checkpoints):
+    """The maker adds each sample's gate beta_g; the actor, handed the experiences, adds beta_g * Â_intr to their
+    advantages: together, the reference's info-gated advantage of the whole batch (intrinsic rewards per turn)."""
     info = ["--cope.info_intrinsic_weight", "0.1"]
-    both = make(CoPEExperienceMaker, groups, tok, *info, "--cope.grpo_filter_degenerate")
-    alone = make(CoPEExperienceMaker, groups, tok, *info)
-    reached = 0
-    for got, solo, base in zip(both, alone, stock):
-        assert torch.equal(got.action_mask, base.action_mask)
-        torch.testing.assert_close(got.info["cope/filtered_frac"], torch.full((len(got.index),), 4 / 12))
-        for b, row in enumerate(got.index):
-            mask = base.action_mask[b].bool()
-            if 4 <= row < 8:
-                assert not got.returns[b].any()  # the extrinsic term (and any KL in the reward) is gone ...
-                extrinsic = base.advantages[b]  # ... the intrinsic one stays
-                torch.testing.assert_close(got.advantages[b], solo.advantages[b] - extrinsic, rtol=1e-5, atol=1e-6)
-                reached += int(got.advantages[b][mask].abs().sum() > 0)
-            else:
-                torch.testing.assert_close(got.advantages[b], solo.advantages[b], rtol=1e-5, atol=1e-6)
-    assert reached >= 2  # the info term reaches the sigma = 0 group (turn 0 of a row scores 0; others do not)
-    assert float(both[0].info["cope/info_beta_mean"][0]) > 0.1 * 4 / 12 * 0.99  # w on a third of the samples
-
-
-# "with the other": info gain and TE on together take the shared packed rows of cope_frozen_signals
-@pytest.mark.parametrize("other", [(), ("--cope.te_enable",)], ids=["alone", "with_te"])
-def test_info_gain_matches_reference(groups, tok, stock, policy, other):
-    cope = make(CoPEExperienceMaker, groups, tok, "--cope.info_intrinsic_weight", "0.1", *other)
+    cope = make(CoPEExperienceMaker, groups, tok, *info)
     config = CoPEConfig()
+    for got, base, beta in zip(cope, stock, info_gates(stock, N, 0.1, config.info_gate_temp)):
+        assert torch.equal(got.advantages, base.advantages)  # the maker leaves them: the term is the actor's
+        torch.testing.assert_close(got.info[INFO_BETA_KEY], beta)
     logits_fn = lambda s, a, p, k: policy.model(input_ids=s, attention_mask=a, position_ids=p,  # noqa: E731
                                                 logits_to_keep=0 if k is None else k).logits.float()
     reference = fresh(stock)
-    intrinsic = []
-    for e in reference:
-        rewards, _, _ = per_turn_info_gain(logits_fn, e.sequences, e.attention_mask, e.action_mask,
-                                           config.info_probe_tokens, config.info_max_turns)
-        intrinsic.append(rewards)
+    intrinsic = [per_turn_info_gain(logits_fn, e.sequences, e.attention_mask, e.action_mask, config.info_probe_tokens,
+                                    config.info_max_turns)[0] for e in reference]
     assert sum(float(x.abs().sum()) for x in intrinsic) > 0
-    metrics = add_info_gated_advantage(reference, intrinsic, N, 0.1, config.info_gate_temp)
-    for got, want, base in zip(cope, reference, stock):
-        torch.testing.assert_close(got.advantages, want.advantages, rtol=1e-5, atol=1e-6)
-        assert torch.equal(got.returns, base.returns)  # the bonus goes into advantages only
-        for key in ("cope/info_beta_mean", "cope/info_reward_mean"):
-            torch.testing.assert_close(got.info[key], torch.full((len(got.index),), metrics[key]))
-    assert not all(torch.equal(g.advantages, s.advantages) for g, s in zip(cope, stock))
+    add_info_gated_advantage(reference, intrinsic, N, 0.1, config.info_gate_temp)
+    items = through_the_actor(cope, tok, checkpoints[0], *info)
+    rows = [(e, b) for e in reference for b in range(len(e.index))]
+    assert len(items) == len(rows)
+    for item, (want, b) in zip(items, rows):
+        torch.testing.assert_close(item.advantages, want.advantages[b][: len(item.advantages)], rtol=1e-5, atol=1e-6)
+        assert torch.equal(item.returns, want.returns[b][: len(item.returns)])  # the bonus goes into advantages only
+    before = [e.advantages[b][: len(i.advantages)] for i, (e, b) in
+              zip(items, [(e, b) for e in stock for b in range(len(e.index))])]
+    assert not all(torch.equal(i.advantages, a) for i, a in zip(items, before))
+
+
+def test_filter_with_info_gain_leaves_degenerate_groups_the_intrinsic_term(groups, tok, stock, checkpoints):
+    """Both switches on: the degenerate group (rows 4-7) loses its extrinsic advantage, keeps its action mask, and
+    gets beta = w (the gate fully open) times the normalised intrinsic reward, in the actor."""
+    info = ["--cope.info_intrinsic_weight", "0.1"]
+    both = make(CoPEExperienceMaker, groups, tok, *info, "--cope.grpo_filter_degenerate")
+    for got, base in zip(both, stock):
+        assert torch.equal(got.action_mask, base.action_mask)
+        torch.testing.assert_close(got.info["cope/filtered_frac"], torch.full((len(got.index),), 4 / 12))
+        for b, row in enumerate(got.index):
+            if 4 <= row < 8:
+                assert not got.returns[b].any() and not got.advantages[b].any()  # the extrinsic term is gone
+                assert float(got.info[INFO_BETA_KEY][b]) == pytest.approx(0.1)  # the gate fully open
+            else:
+                torch.testing.assert_close(got.advantages[b], base.advantages[b])
+    assert float(both[0].info["cope/info_beta_mean"][0]) > 0.1 * 4 / 12 * 0.99  # w on a third of the samples
+    items = through_the_actor(both, tok, checkpoints[0], *info, "--cope.grpo_filter_degenerate")
+    rows = [row for e in both for row in e.index]
+    reached = sum(int(item.advantages[item.action_mask.bool()].abs().sum() > 0)
+                  for item, row in zip(items, rows) if 4 <= row < 8)
+    assert reached >= 2  # the info term reaches the sigma = 0 group (turn 0 of a row scores 0; others do not)
 
 
 def test_forecast_samples_attached(groups, tok, stock):
@@ -212,62 +229,47 @@ def test_forecast_samples_attached(groups, tok, stock):
         assert torch.equal(got_e.advantages, base.advantages)
 
 
-@pytest.mark.parametrize("other", [(), ("--cope.info_intrinsic_weight", "0.1")], ids=["alone", "with_info_gain"])
-def test_te_members_match_reference(groups, tok, stock, policy, other):
-    cope = make(CoPEExperienceMaker, groups, tok, "--cope.te_enable", "--cope.te_lambda", "0.1", *other)
-    config = CoPEConfig()
-    checked = 0
-    for e in cope:
-        spans = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)
-        for b, row in enumerate(e.index):
-            tokens = e.sequences[b][e.attention_mask[b].bool()].tolist()
-            samples = build_forecast_samples(tokens, spans[b], tok, config.action_forecast_k, row=row,
-                                             action_format=BabyAIAgent)
-            logits = []
-            with torch.no_grad():
-                for s in samples:
-                    ids = torch.tensor([s.input_ids])
-                    mask = torch.ones_like(ids)
-                    logits.append(policy.model(input_ids=ids, attention_mask=mask,
-                                               position_ids=position_ids_for(mask)).logits[0].float())
-            targets, probs, ids, valid, _ = collect_members(samples, logits, {row: (tokens, spans[b])})
-            got = e.info[TE_KEY][b]
-            assert got["positions"].tolist() == [pos for _, pos in targets]
-            torch.testing.assert_close(got["probs"], probs, rtol=1e-5, atol=1e-6)
-            assert torch.equal(got["ids"], ids) and torch.equal(got["valid"], valid)
-            checked += len(targets)
-    assert checked > 0
-    assert all(0 < float(e.info["cope/te_slot_coverage"][0]) <= 1 for e in cope)
-    for got_e, base in zip(cope, stock):
-        assert torch.equal(got_e.advantages, base.advantages) == (not other)  # TE alone leaves them
+def test_te_is_left_to_the_actor(groups, tok, stock):
+    """TE's members are the policy actor's own (computed when it is handed the experience): the maker adds nothing
+    for TE, not a key in info, not a change to the advantages."""
+    cope = make(CoPEExperienceMaker, groups, tok, "--cope.te_enable", "--cope.te_lambda", "0.1")
+    assert_same_experiences(cope, stock)
 
 
-def test_show_stock_vs_cope(groups, tok, stock):
+def test_show_stock_vs_cope(groups, tok, stock, checkpoints):
     """One batch, printed (run with -s): per sample, stock GRPO advantages, CoPE with forecast + TE + info gain,
-    and CoPE with the degenerate-group filter too; then the CoPE metrics of the all-on run."""
+    and CoPE with the degenerate-group filter too (the advantages the policy actor trains on: the maker's plus the
+    actor's info term); then the maker's CoPE metrics of the all-on run."""
     signals = ["--cope.action_forecast_enable", "--cope.info_intrinsic_weight", "0.1", "--cope.te_enable",
                "--cope.te_lambda", "0.1"]
     no_filter = make(CoPEExperienceMaker, groups, tok, *signals)
     all_on = make(CoPEExperienceMaker, groups, tok, *signals, "--cope.grpo_filter_degenerate")
+    trained = {"no_filter": through_the_actor(no_filter, tok, checkpoints[0], *signals),
+               "all_on": through_the_actor(all_on, tok, checkpoints[0], *signals, "--cope.grpo_filter_degenerate")}
 
-    def show(e, b):
-        adv = e.advantages[b][e.action_mask[b].bool()]
+    def show(advantages, mask):
+        adv = advantages[: len(mask)][mask.bool()]
         return f"{adv.mean():+.4f} ({adv.min():+.3f}..{adv.max():+.3f})" if adv.numel() else "filtered"
 
     print(f"\n{'row':>3} {'reward':>6} {'turns':>5} {'stock GRPO adv: mean (min..max)':>31} "
-          f"{'CoPE, no filter':>27} {'CoPE, all on':>27} {'forecasts':>9} {'TE tokens':>9}")
-    for s_e, a_e, c_e in zip(stock, no_filter, all_on):
+          f"{'CoPE, no filter':>27} {'CoPE, all on':>27} {'forecasts':>9}")
+    i = 0
+    for s_e, c_e in zip(stock, all_on):
         spans = turn_spans(s_e.action_mask, s_e.sequences.shape[1], s_e.attention_mask)
         for b, row in enumerate(c_e.index):
-            print(f"{row:>3} {float(c_e.rewards[b]):>6.1f} {len(spans[b]):>5} {show(s_e, b):>31} {show(a_e, b):>27} "
-                  f"{show(c_e, b):>27} {len(c_e.info[FORECAST_KEY][b]):>9} {len(a_e.info[TE_KEY][b]['positions']):>9}")
-            assert c_e.action_mask[b].any()  # with info gain on, the filter keeps every action mask
+            a_i, c_i = trained["no_filter"][i], trained["all_on"][i]
+            print(f"{row:>3} {float(c_e.rewards[b]):>6.1f} {len(spans[b]):>5} "
+                  f"{show(s_e.advantages[b], s_e.action_mask[b]):>31} {show(a_i.advantages, a_i.action_mask):>27} "
+                  f"{show(c_i.advantages, c_i.action_mask):>27} {len(c_e.info[FORECAST_KEY][b]):>9}")
+            assert c_i.action_mask.any()  # with info gain on, the filter keeps every action mask
+            i += 1
     metrics = {k: float(v[0]) for k, v in all_on[0].info.items() if k.startswith("cope/")}
-    print("CoPE metrics, all on (broadcast per sample into info; the actor averages them into its status):")
+    print("The maker's CoPE metrics, all on (broadcast per sample into info; the actor averages them into its "
+          "status, next to its own: info gain's reward and turns, TE's coverage):")
     for key, value in sorted(metrics.items()):
         print(f"  {key:<28} {value:.4f}")
-    assert {"cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/forecast_samples",
-            "cope/te_slot_coverage", "cope/te_member_first_token_prob"} <= metrics.keys()
-    degenerate = [e.advantages[b] for e in no_filter for b, row in enumerate(e.index) if 4 <= row < 8]
-    stock_degenerate = [e.advantages[b] for e in stock for b, row in enumerate(e.index) if 4 <= row < 8]
-    assert not all(torch.equal(x, y) for x, y in zip(degenerate, stock_degenerate))  # the gate opened there
+    assert {"cope/filtered_frac", "cope/info_beta_mean", "cope/forecast_samples"} <= metrics.keys()
+    rows = [(e, b) for e in stock for b in range(len(e.index))]
+    degenerate = [(item.advantages, e.advantages[b][: len(item.advantages)])
+                  for item, (e, b) in zip(trained["no_filter"], rows) if 4 <= e.index[b] < 8]
+    assert not all(torch.equal(x, y) for x, y in degenerate)  # the gate opened there

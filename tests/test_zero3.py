@@ -4,9 +4,11 @@ Under ZeRO-3 every forward all-gathers the parameters from all ranks, so every C
 forwards on every rank (DESIGN.md), although ranks hold different rows. Here rank 0 holds multi-turn trajectories
 (info-gain probes, forecast samples) and rank 1 a single-turn one (no probe, no later forecast slot) and no forecast
 samples, so that rank 1 has no forward of its own to run. Both ranks call, in turn: ``cope_frozen_signals`` (a
-trajectory's probes and forecasts in one packed forward, one trajectory per forward) and the separate
-``cope_forecast_step`` (backward and optimizer step included). Each rank's results must equal those of one process without DeepSpeed on the same rows, and both ranks
-must have run the same number of forwards.
+trajectory's probes and forecasts in one packed forward, one trajectory per forward), what ``append`` and the start
+of ``ppo_train`` do with an experience (``attach_frozen_signals``, then ``_add_info_bonus``, whose z-score spans
+both ranks' action tokens), and the separate ``cope_forecast_step`` (backward and optimizer step included). Each
+rank's results must equal those of one process without DeepSpeed on the same rows (the info term: on both ranks'
+rows), and both ranks must have run the same number of forwards.
 
 The three ``stage3_*`` knobs below at 0 make DeepSpeed gather every parameter at every forward, as for a model too
 large to keep resident (a tiny model's could otherwise stay resident between forwards). The process group times out
@@ -16,6 +18,7 @@ instead of hanging for OpenRLHF's 60 minutes.
 
 import cope_rlhf.compat  # noqa: F401  (first: the spawned ranks import this module without conftest)
 
+import copy
 import os
 import socket
 import time
@@ -29,14 +32,16 @@ from openrlhf.utils.config import hierarchize
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 from transformers import AutoTokenizer
 
-from cope_rlhf.actor import CoPEActorPPOTrainer
+from cope_rlhf.actor import INFO_BETA_KEY, CoPEActorPPOTrainer
 from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.cpu_cluster import CPUReplayBuffer
 from cope_rlhf.forecast import build_forecast_samples
 from cope_rlhf.turns import unpadded_trajectories
 from tests.ray_cpu_groups import StandInStrategy, load_actor
 from tests.tiny_hf import agent_response, to_experience
 
 GROUP_TIMEOUT_S = 30
+AGENT_FUNC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent_funcs", "babyai.py")
 RANKS = 2
 ZERO3 = {
     "train_micro_batch_size_per_gpu": 1,
@@ -58,7 +63,7 @@ def cli_args(*argv):
     """Every signal on, one row per forward (so that rank 0 runs many), one SFT mini-batch for all samples."""
     return hierarchize(build_parser().parse_args(
         ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1",
-         "--train.agent_func_path", "agent.py", "--cope.info_intrinsic_weight", "0.1", "--cope.te_enable",
+         "--train.agent_func_path", AGENT_FUNC, "--cope.info_intrinsic_weight", "0.1", "--cope.te_enable",
          "--cope.action_forecast_enable", "--cope.action_forecast_coef", "1.0", "--cope.sft_mini_batch_size", "64",
          "--cope.info_kl_batch", "1", "--cope.te_micro_batch_size_per_gpu", "1", *argv]))
 
@@ -76,11 +81,25 @@ def cope_calls(trainer: CoPEActorPPOTrainer, rank: int, tok) -> dict:
     inputs = (batch.sequences, batch.attention_mask, batch.action_mask, samples, [rows[p] for p in batch.index])
     trainer.strategy.args = cli_args()  # the methods read their config from here, per call
     packed = trainer.cope_frozen_signals(*inputs)
+    bonus = appended(trainer, [batch], tok)
     # rank 1's trajectory is gated out of the forecast: it has no sample to train, rank 0 has them all
     trainer.cope_forecast_samples = [s for row in samples for s in row] if rank == 0 else []
     forecast = trainer.cope_forecast_step()
     hook.remove()
-    return {"packed": packed, "forecast": forecast, "forwards": len(forwards)}
+    return {"packed": packed, "bonus": bonus, "forecast": forecast, "forwards": len(forwards)}
+
+
+def appended(trainer: CoPEActorPPOTrainer, batches: list, tok) -> tuple:
+    """What ``append`` and the start of ``ppo_train`` do with ``batches`` (zero advantages, the gate at w): the
+    frozen signals attached, the info term added; (mean intrinsic reward, the buffer items' advantages)."""
+    trainer.tokenizer, trainer.replay_buffer = tok, CPUReplayBuffer(1, 0, False, False, False)
+    for batch in copy.deepcopy(batches):
+        batch.advantages = torch.zeros(batch.action_mask.shape)
+        batch.info[INFO_BETA_KEY] = torch.full((len(batch.index),), 0.1)
+        trainer.attach_frozen_signals(batch)
+        trainer.replay_buffer.append(batch)
+    mean = trainer._add_info_bonus()
+    return mean, [item.advantages for item in trainer.replay_buffer.items]
 
 
 class ZeroStrategy(StandInStrategy):
@@ -155,6 +174,19 @@ def test_uneven_ranks_finish_with_single_process_values(model_dir, tmp_path):
         reference.strategy, reference.args, reference.actor = StandInStrategy(args), args, load_actor(model_dir)
         reference.actor_optim = torch.optim.SGD(reference.actor.parameters(), lr=1e-3)
         want.append(cope_calls(reference, rank, tok))
+    # the info term's z-score spans both ranks: one process holding both ranks' rows gives each rank's values
+    union = object.__new__(CoPEActorPPOTrainer)
+    union.strategy, union.args, union.actor = StandInStrategy(cli_args()), cli_args(), load_actor(model_dir)
+    batches = []
+    for rank in range(RANKS):
+        batch = Experience.concat_experiences([to_experience(agent_response(tok, *e)) for e in EPISODES[rank]],
+                                              tok.pad_token_id)
+        batch.index = list(range(len(EPISODES[rank])))
+        batches.append(batch)
+    mean, advantages = appended(union, batches, tok)
+    assert_same(got[0]["bonus"], (mean, advantages[:len(EPISODES[0])]), "rank 0 info term")
+    assert_same(got[1]["bonus"], (mean, advantages[len(EPISODES[0]):]), "rank 1 info term")
+    assert mean > 0 and got[1]["bonus"][0] != want[1]["bonus"][0]  # rank 1 alone has no scored turn: mean 0
     # rank 0 runs no forward beyond its own; rank 1, which has none, pads up to it
     assert got[0]["forwards"] == got[1]["forwards"] == want[0]["forwards"] > 0 and want[1]["forwards"] == 0
     for rank in range(RANKS):
