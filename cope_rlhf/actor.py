@@ -7,7 +7,7 @@ In the PPO loss, per micro-batch (``CoPEActorPPOTrainer.training_step``, around 
     q    = temporal_ensemble.mixture_target(pi_frozen, members, eta),  lambda_step = te_lambda(config, step)
 
 The frozen signals are the actor's own. ``CoPEPolicyModelActor.append`` computes them when an experience arrives,
-before the update, so under the pre-update weights (``attach_frozen_signals``: one ``cope_frozen_signals`` call, one
+before the update, so under the pre-update weights (``take_experience`` → ``attach_frozen_signals``: one ``cope_frozen_signals`` call, one
 packed forward per trajectory serving both signals): information gain's per-token intrinsic reward, and the TE
 members of the list-layout forecast samples of a ``TE_TRAJ_SUBSAMPLE`` fraction of the trajectories. They stay on
 the rank, each sample tagged with their id (``info[SIGNALS_KEY]``, a per-sample tensor: the replay buffer carries
@@ -26,14 +26,16 @@ covered tokens x vocabulary floats per sample). With lambda 0 the KL is computed
 The loss is added by wrapping ``actor_loss_fn`` for the duration of the call; ``policy_loss`` in the log keeps
 OpenRLHF's meaning (the TE term is logged as ``cope/te_kl``).
 
-With ``GRPO_FILTER_DEGENERATE`` on, filtered samples (action mask all zero) stay in the replay buffer, so that
+With ``GRPO_FILTER_DEGENERATE`` on, filtered samples (action mask zeroed on append, ``info[FILTERED_KEY]``, after
+their forecast samples are built) stay in the replay buffer, so that
 every rank runs the same micro-steps; ``training_step`` keeps OpenRLHF's step finite around them: a window with no
 action token gets loss 0 (normaliser 1 instead of 0/0), a micro-batch with none logs its token metrics as 0 with
 weight ``EMPTY_MICRO_BATCH_TOKENS`` (OpenRLHF's ``ppo_train`` would divide by zero). A fully filtered window still
 takes its optimizer step, on a zero gradient, as stock GRPO does on all-zero advantages.
 
-The forecast loss, over this rank's forecast samples (``info[FORECAST_KEY]``, taken out of the experiences in
-``CoPEPolicyModelActor.append``), in one of two modes (``ACTION_FORECAST_MODE``):
+The forecast loss, over this rank's forecast samples (built on append, ``take_experience``, for the rows the
+experience maker weighed, ``info[FORECAST_WEIGHT_KEY]`` > 0; with group norm their weights are rescaled to mean 1
+over all ranks at the start of ``ppo_train``), in one of two modes (``ACTION_FORECAST_MODE``):
 
     L_AF = ACTION_FORECAST_COEF * sum_i w_i sum_target -log pi_theta(y | prefix) / N_target
 
@@ -76,7 +78,7 @@ import torch
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
-from cope_rlhf.advantage import add_info_bonus
+from cope_rlhf.advantage import add_info_bonus, zero_action_mask
 from cope_rlhf.branches import BlockMaskFn, block_attention
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import ForecastSample, build_forecast_samples, forecast_loss, load_action_format
@@ -84,9 +86,12 @@ from cope_rlhf.frozen_signals import frozen_signals
 from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
 from cope_rlhf.turns import unpadded_trajectories
 
-FORECAST_KEY = "cope_forecast_samples"  # info key: per sample, a list of ForecastSample (popped on append)
-SIGNALS_KEY = "cope_signals_id"  # info key: per sample, its frozen signals' id on this rank (popped in training_step)
-INFO_BETA_KEY = "cope_info_beta"  # info key: per sample, its gate beta_g, from the maker (popped in training_step)
+# Per-sample info tensors from the experience maker, taken out on append (they never reach the replay buffer):
+FORECAST_WEIGHT_KEY = "cope_forecast_weight"  # its forecast samples' weight before the rescale; 0: none
+FILTERED_KEY = "cope_filtered"  # the degenerate-group filter took it out: its action mask is zeroed here
+INFO_BETA_KEY = "cope_info_beta"  # its group's information-gain gate beta_g
+# ... and the one the replay buffer carries, popped in training_step:
+SIGNALS_KEY = "cope_signals_id"  # the id of its frozen signals on this rank
 UPDATES_STATE = "cope_updates"  # checkpoint client state: PPO updates so far (TE_WARMUP_STEPS counts them)
 EMPTY_MICRO_BATCH_TOKENS = 1e-9  # ppo_train's token weight for a micro-batch the filter emptied (see training_step)
 STAND_IN = ForecastSample([0, 0], [0, 1], row=-1, turn=0, weight=0.0)  # a forecast forward with no weight
@@ -218,7 +223,6 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
     def _cope_training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict]):
         """OpenRLHF's step, with the TE term and (joint mode) this micro-step's forecast share added to its loss."""
         ids = experience.info.pop(SIGNALS_KEY, None)
-        experience.info.pop(INFO_BETA_KEY, None)
         te = ids is not None and self.cope.te_enable
         members = [self.cope_signals[int(i)]["members"] for i in ids] if te else None
         joint = self.__dict__.get("cope_joint_parts")
@@ -257,12 +261,38 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             status["metrics"]["policy_loss"] = status["metrics"]["policy_loss"] - captured["extra"].detach()
         return status
 
-    def attach_frozen_signals(self, experience) -> None:
+    def take_experience(self, experience) -> None:
+        """What the CoPE signals need of an experience being appended, before the replay buffer splits it: its
+        forecast samples (rows of ``info[FORECAST_WEIGHT_KEY]`` > 0, that weight each, into
+        ``cope_forecast_samples``), the filter's action mask (rows of ``info[FILTERED_KEY]`` zeroed, after their
+        forecast samples are built), then its frozen signals (``attach_frozen_signals``; TE reuses the forecast
+        samples of a row when they are list-layout ones)."""
+        weights = experience.info.pop(FORECAST_WEIGHT_KEY, None)
+        filtered = experience.info.pop(FILTERED_KEY, None)
+        built: Dict[int, List[ForecastSample]] = {}
+        if weights is not None:
+            rows = unpadded_trajectories([experience])
+            action_format = load_action_format(self.args.train.agent_func_path)
+            for p, weight in zip(experience.index, weights.tolist()):
+                if weight > 0:
+                    built[p] = build_forecast_samples(
+                        *rows[p], self.tokenizer, self.cope.action_forecast_k, self.cope.action_forecast_layout,
+                        self.cope.action_forecast_skip_invalid, row=p, weight=weight, action_format=action_format,
+                        max_length=self.cope.action_forecast_max_length)
+            self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in built.values() for s in row)
+        if filtered is not None:
+            experience.action_mask = zero_action_mask(experience.action_mask, filtered)
+            built = {p: s for p, s, drop in zip(experience.index, [built.get(p) for p in experience.index],
+                                                 filtered.tolist()) if s is not None and not drop}
+        if self.cope.te_enable or self.cope.info_gain_enable:
+            self.attach_frozen_signals(experience, built if self.cope.action_forecast_layout == "list" else {})
+
+    def attach_frozen_signals(self, experience, built: Dict[int, List[ForecastSample]]) -> None:
         """The frozen signals of an experience being appended (module docstring): info gain's token rewards and the
         TE members of its drawn trajectories (a ``TE_TRAJ_SUBSAMPLE`` fraction, drawn from ``random.Random`` seeded
-        by (train.seed, the updates so far, the experience's first rollout position)), from one
-        ``cope_frozen_signals`` call; kept in ``cope_signals`` by per-sample id (``info[SIGNALS_KEY]``), their counts
-        in ``cope_signal_counts``."""
+        by (train.seed, the updates so far, the experience's first rollout position); list-layout samples, those in
+        ``built`` reused), from one ``cope_frozen_signals`` call; kept in ``cope_signals`` with each row's gate
+        (``info[INFO_BETA_KEY]``) by per-sample id (``info[SIGNALS_KEY]``), their counts in ``cope_signal_counts``."""
         te, info_gain = self.cope.te_enable, self.cope.info_gain_enable
         positions = list(experience.index)
         samples = trajectories = None
@@ -271,11 +301,10 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             draw = random.Random(f"{self.args.train.seed}-{getattr(self, 'cope_updates', 0)}-{positions[0]}")
             chosen = set(draw.sample(positions, max(1, round(self.cope.te_traj_subsample * len(positions)))))
             action_format = load_action_format(self.args.train.agent_func_path)
-            samples = [build_forecast_samples(*rows[p], self.tokenizer, self.cope.action_forecast_k, "list",
-                                              self.cope.action_forecast_skip_invalid, row=p,
-                                              action_format=action_format,
-                                              max_length=self.cope.action_forecast_max_length) if p in chosen else []
-                       for p in positions]
+            samples = [(built[p] if p in built else build_forecast_samples(
+                *rows[p], self.tokenizer, self.cope.action_forecast_k, "list", self.cope.action_forecast_skip_invalid,
+                row=p, action_format=action_format, max_length=self.cope.action_forecast_max_length))
+                if p in chosen else [] for p in positions]
             trajectories = [rows[p] for p in positions]
         gain, members = self.cope_frozen_signals(experience.sequences, experience.attention_mask,
                                                  experience.action_mask, samples, trajectories, info_gain=info_gain)
@@ -283,10 +312,11 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         # TE slots, covered slots, first-token probability x covered; info gain's scored turns
         counts = self.__dict__.setdefault("cope_signal_counts", [0.0] * 4)
         ids = torch.arange(len(store), len(store) + len(positions))
+        betas = experience.info.pop(INFO_BETA_KEY, None)
         for b, i in enumerate(ids.tolist()):
             store[i] = {}
             if info_gain:
-                store[i]["intrinsic"] = gain[0][b]
+                store[i]["intrinsic"], store[i]["beta"] = gain[0][b], betas[b]
             if te:
                 store[i]["members"], metrics = members[b]
                 covered = metrics["cope/te_slots"] * metrics["cope/te_slot_coverage"]
@@ -302,16 +332,16 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         Â_intr z-scored over the action tokens of the whole batch, all ranks; returns their mean intrinsic reward.
         The buffer's items are right-trimmed, so each one's intrinsic row is cut to its length."""
         items = self.replay_buffer.items
-        rows = [self.cope_signals[int(item.info[SIGNALS_KEY])].pop("intrinsic")[: len(item.action_mask)]
-                for item in items]
+        signals = [self.cope_signals[int(item.info[SIGNALS_KEY])] for item in items]
+        rows = [s.pop("intrinsic")[: len(item.action_mask)] for s, item in zip(signals, items)]
         values = torch.cat([x.double()[item.action_mask.bool()] for x, item in zip(rows, items)] +
                            [torch.zeros(0, dtype=torch.float64)])
         total, squares, count = self._all_reduce(
             torch.tensor([values.sum(), values.pow(2).sum(), values.numel()], dtype=torch.float64), "sum").tolist()
         mean = total / count if count else 0.0
         std = max(squares / count - mean * mean, 0.0) ** 0.5 if count else 0.0
-        for x, item in zip(rows, items):
-            item.advantages = add_info_bonus(item.advantages, x, item.action_mask, item.info[INFO_BETA_KEY], mean, std)
+        for x, s, item in zip(rows, signals, items):
+            item.advantages = add_info_bonus(item.advantages, x, item.action_mask, s.pop("beta"), mean, std)
         return mean
 
     def _signals_status(self, info_mean: float) -> Dict[str, float]:
@@ -352,6 +382,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
     def ppo_train(self, kl_ctl: float):
         info_mean = self._add_info_bonus() if self.cope.info_gain_enable else 0.0
         forecast = self.cope.action_forecast_enable
+        forecast_count = self._rescale_forecast_weights() if forecast else 0.0
         if forecast and self.cope.action_forecast_mode == "joint":
             # OpenRLHF's DataLoader keeps whole micro-batches only (drop_last): that many micro-steps per epoch
             micro_steps = len(self.replay_buffer) // self.replay_buffer.sample_batch_size
@@ -360,6 +391,8 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             self.cope_joint_loss = 0.0
         status = super().ppo_train(kl_ctl)
         self.cope_updates = getattr(self, "cope_updates", 0) + 1
+        if forecast:
+            status["cope/forecast_samples"] = forecast_count
         if self.cope.te_enable or self.cope.info_gain_enable:
             status.update(self._signals_status(info_mean))
         if forecast and self.cope.action_forecast_mode == "joint":
@@ -373,10 +406,16 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             status.update(self.cope_forecast_step())
         return status
 
-    def take_forecast_samples(self, experience) -> None:
-        per_sample = experience.info.pop(FORECAST_KEY, None)
-        if per_sample is not None:
-            self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in per_sample for s in row)
+    def _rescale_forecast_weights(self) -> float:
+        """With group norm, every rank's forecast samples' weights scaled so that their mean over all ranks is 1
+        (``forecast.forecast_weights``); returns how many samples the ranks hold (``cope/forecast_samples``)."""
+        samples = self.__dict__.get("cope_forecast_samples", [])
+        count, total = self._all_reduce(torch.tensor([float(len(samples)), float(sum(s.weight for s in samples))],
+                                                     dtype=torch.float64), "sum").tolist()
+        if self.cope.action_forecast_group_norm and total > 0:
+            for s in samples:
+                s.weight *= count / total
+        return count
 
     def _forecast_samples_all_ranks(self) -> float:
         """How many forecast samples the ranks hold together (``cope/forecast_samples_trained``)."""
@@ -488,9 +527,7 @@ class CoPEPolicyModelActor(CoPEActorMethods, PolicyModelActor.__ray_actor_class_
         super().save_checkpoint(tag, client_states, metric_value=metric_value, metric_key=metric_key)
 
     def append(self, experience):
-        self.trainer.take_forecast_samples(experience)
-        if self.trainer.cope.te_enable or self.trainer.cope.info_gain_enable:
-            self.trainer.attach_frozen_signals(experience)
+        self.trainer.take_experience(experience)
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0):

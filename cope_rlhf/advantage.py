@@ -21,10 +21,11 @@ the group gets the same advantage of up to +-60. ``rounding_noise_frac`` finds t
 warns about them when the filter below is off); the filter zeroes them.
 
 Degenerate-group filter: samples of groups with std_g r <= 1e-6 get action_mask, advantages and returns
-zeroed, so they leave the numerator and the denominator of the token-mean loss. With information gain on too,
-the filter removes only the extrinsic term of those groups: advantages and returns are zeroed (OpenRLHF's
-group_norm would leave rounding noise there, e.g. +-0.83 for eight equal rewards of 0.1), the action mask stays,
-and the info term, whose gate beta_g = w is fully open exactly there, is their whole advantage. (Zeroing the
+zeroed, so they leave the numerator and the denominator of the token-mean loss (advantages and returns in the
+experience maker, the action mask in the policy actor, after it has built their forecast samples). With
+information gain on too, the filter removes only the extrinsic term of those groups: advantages and returns are
+zeroed (OpenRLHF's group_norm would leave rounding noise there, e.g. +-0.83 for eight equal rewards of 0.1), the
+action mask stays, and the info term, whose gate beta_g = w is fully open exactly there, is their whole advantage. (Zeroing the
 mask as well would switch information gain off: in the groups that survive a binary reward, sigma_g >= 0.35,
 so beta_g <= w * e^-7.)
 """
@@ -68,21 +69,28 @@ def rounding_noise_frac(experiences: Sequence, n: int) -> float:
 
 
 @torch.no_grad()
-def filter_degenerate_groups(experiences: Sequence, n: int, keep_action_mask: bool = False) -> Dict[str, float]:
-    """Zeroes advantages/returns (where set) of samples in groups with std <= 1e-6, and their action_mask unless
-    ``keep_action_mask`` (information gain on: the intrinsic term still trains them)."""
-    filtered = total = 0
+def filter_degenerate_groups(experiences: Sequence, n: int) -> Tuple[List[torch.Tensor], Dict[str, float]]:
+    """Zeroes advantages/returns (where set) of samples in groups with std <= 1e-6; returns which samples those are
+    (a bool per sample, split like the experiences) and ``cope/filtered_frac``. Their action mask is left to the
+    caller: without information gain the policy actor zeroes it (``zero_action_mask``) once it has built their
+    forecast samples; with it, it stays."""
+    drops, filtered, total = [], 0, 0
     for e, std in zip(experiences, group_reward_std(experiences, n)):
         drop = std <= DEGENERATE_STD
-        keep = (~drop).to(e.action_mask.dtype).unsqueeze(1)
-        if not keep_action_mask:
-            e.action_mask = e.action_mask * keep
+        keep = (~drop).unsqueeze(1)
         for name in ("advantages", "returns"):
             if getattr(e, name) is not None:
                 setattr(e, name, getattr(e, name) * keep.to(getattr(e, name).dtype))
+        drops.append(drop)
         filtered += int(drop.sum())
         total += drop.numel()
-    return {"cope/filtered_frac": filtered / max(total, 1)}
+    return drops, {"cope/filtered_frac": filtered / max(total, 1)}
+
+
+def zero_action_mask(action_mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """The action mask with the rows ``drop`` marks zeroed: they leave the token-mean loss's numerator and
+    denominator."""
+    return action_mask * (~drop.bool()).unsqueeze(1).to(action_mask.dtype)
 
 
 def info_gates(experiences: Sequence, n: int, weight: float, gate_temp: float) -> List[torch.Tensor]:

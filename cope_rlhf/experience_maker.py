@@ -3,13 +3,13 @@
 ``make_experience_batch`` = OpenRLHF's own (split, actor/ref forwards, GRPO advantages), then, each only when
 its switch is on, in this order:
 
-1. forecast samples (``ACTION_FORECAST_ENABLE``): gate, weigh and build them for the kept trajectories
-   (``forecast.forecast_samples_from_experiences``, with the environment's action format from the agent func,
-   ``forecast.load_action_format``); each sample's list goes into ``info[FORECAST_KEY]``, which
-   ``CoPEPolicyModelActor.append`` takes out before the replay buffer. Built before the filter, so that
-   groups where every trajectory won still teach the forecast.
-2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups``; with
-   information gain on, it removes those groups' extrinsic term only and keeps their action mask.
+1. forecast weights (``ACTION_FORECAST_ENABLE``): gate the trajectories and weigh them (``forecast.forecast_weights``,
+   with the env's action format from the agent func, ``load_action_format``) into ``info[FORECAST_WEIGHT_KEY]``;
+   the policy actor builds the samples of the rows of weight > 0.
+2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups`` zeroes those groups'
+   advantages and returns; without information gain it marks them (``info[FILTERED_KEY]``) and the policy actor
+   zeroes their action mask after building their forecast samples (so that groups where every trajectory won still
+   teach the forecast); with information gain the mask stays (their whole advantage is the intrinsic term).
 3. information gain's gate (``INFO_INTRINSIC_WEIGHT > 0``): ``beta_g = w * exp(-sigma_g / T)`` per sample
    (``advantage.info_gates``, from the whole batch's group rewards) into ``info[INFO_BETA_KEY]``. The intrinsic
    reward itself and the term ``beta_g * Â_intr`` are the policy actor's (``CoPEActorPPOTrainer``): it computes the
@@ -17,10 +17,10 @@ its switch is on, in this order:
    and adds the term to their advantages before its update.
 
 Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/filtered_frac``,
-``cope/info_beta_mean``, ``cope/forecast_samples``, ``cope/forecast_kept_frac``): OpenRLHF's actor averages every
-per-sample ``info`` tensor into its status, which reaches TensorBoard. With every switch off this is exactly OpenRLHF's method; the one addition is a warning (``advantage.rounding_noise_frac``, once
-per run) when stock group_norm meets equal rewards that it turns into rounding-made advantages, pointing to
-``--cope.grpo_filter_degenerate``.
+``cope/info_beta_mean``, ``cope/forecast_kept_frac``): OpenRLHF's actor averages every per-sample ``info`` tensor
+into its status, which reaches TensorBoard. With every switch off this is exactly OpenRLHF's method; the one addition
+is a warning (``advantage.rounding_noise_frac``, once per run) when stock group_norm meets equal rewards that it
+turns into rounding-made advantages, pointing to ``--cope.grpo_filter_degenerate``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Dict
 import torch
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-from cope_rlhf.actor import FORECAST_KEY, INFO_BETA_KEY
+from cope_rlhf.actor import FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY
 from cope_rlhf.advantage import filter_degenerate_groups, info_gates, rounding_noise_frac
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import forecast_samples_from_experiences, load_action_format
+from cope_rlhf.forecast import forecast_weights, load_action_format
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +65,16 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
             return experiences
         metrics: Dict[str, float] = {}
         if self.cope.action_forecast_enable:
-            samples, found = forecast_samples_from_experiences(experiences, self.tokenizer, self.cope, n,
-                                                               self.action_format)
+            weights, found = forecast_weights(experiences, self.tokenizer, self.cope, n, self.action_format)
             metrics.update(found)
-            by_row: Dict[int, list] = {}
-            for s in samples:
-                by_row.setdefault(s.row, []).append(s)
-            for e in experiences:
-                e.info[FORECAST_KEY] = [by_row.get(position, []) for position in e.index]
+            for e, weight in zip(experiences, weights):
+                e.info[FORECAST_WEIGHT_KEY] = weight
         if self.cope.grpo_filter_degenerate:
-            metrics.update(filter_degenerate_groups(experiences, n, keep_action_mask=self.cope.info_gain_enable))
+            drops, found = filter_degenerate_groups(experiences, n)
+            metrics.update(found)
+            if not self.cope.info_gain_enable:
+                for e, drop in zip(experiences, drops):
+                    e.info[FILTERED_KEY] = drop
         if self.cope.info_gain_enable:
             betas = info_gates(experiences, n, self.cope.info_intrinsic_weight, self.cope.info_gate_temp)
             for e, beta in zip(experiences, betas):

@@ -25,7 +25,8 @@ A sample longer than ``max_length`` (``ACTION_FORECAST_MAX_LENGTH``) loses token
 (never of the plan-ahead message or the target) and starts again at position 0, as a re-tokenized truncated
 prompt would.
 
-Gate over trajectories (win = reward > threshold): ``wins`` keeps winners, ``all`` keeps all, ``mixed``
+Gate over trajectories (win = reward > threshold; ``forecast_weights``, in the experience maker, which sees every
+group): ``wins`` keeps winners, ``all`` keeps all, ``mixed``
 keeps winners of groups holding both a win and a loss; ``all`` together with group norm keeps winners only (as
 upstream CoPE does). Group norm: every sample of group g weighs 1/m_g, m_g = the trajectories of g that produced
 samples, rescaled so that the mean weight over all samples is 1; otherwise every weight is 1.
@@ -206,42 +207,37 @@ def trajectory_gate(rewards: torch.Tensor, n: int, gate: str, threshold: float) 
     raise ValueError(f"gate={gate!r}; allowed: wins, all, mixed")
 
 
-def group_norm_weights(samples: Sequence[ForecastSample], n: int) -> List[float]:
-    """Per sample 1/m_g, m_g = the trajectories of its group (rows ``row // n``) that produced samples, rescaled
-    to mean 1 over the samples."""
-    producers: Dict[int, set] = {}
-    for s in samples:
-        producers.setdefault(s.row // n, set()).add(s.row)
-    raw = [1.0 / len(producers[s.row // n]) for s in samples]
-    scale = len(raw) / sum(raw) if raw else 1.0
-    return [w * scale for w in raw]
-
-
-def forecast_samples_from_experiences(
-    experiences: Sequence, tokenizer, config: CoPEConfig, n: int, action_format: ActionFormat = ReActFormat()
-) -> Tuple[List[ForecastSample], Dict[str, float]]:
-    """Gate, build and weigh the forecast samples of a rollout (OpenRLHF experiences with ``index`` set)."""
-    rows = unpadded_trajectories(experiences)
+def rollout_gate(experiences: Sequence, config: CoPEConfig, n: int) -> torch.Tensor:
+    """``trajectory_gate`` over a rollout's experiences (``index`` set): a bool per rollout position, with the
+    config's gate (``all`` under group norm counts as ``wins``, as upstream's group norm counts winners only)."""
     rewards = torch.tensor([float(r) for e in experiences for r in e.rewards])[
         torch.tensor([p for e in experiences for p in e.index]).argsort()
     ]
     gate = config.action_forecast_gate
     if gate == "all" and config.action_forecast_group_norm:
-        gate = "wins"  # upstream's group norm counts winners only, whatever the gate says
-    keep = trajectory_gate(rewards, n, gate, config.action_forecast_success_threshold)
-    samples = []
-    for position in keep.nonzero().flatten().tolist():
-        tokens, turns = rows[position]
-        samples += build_forecast_samples(
-            tokens, turns, tokenizer, config.action_forecast_k, config.action_forecast_layout,
-            config.action_forecast_skip_invalid, row=position, action_format=action_format,
-            max_length=config.action_forecast_max_length,
-        )
-    if config.action_forecast_group_norm:
-        for s, w in zip(samples, group_norm_weights(samples, n)):
-            s.weight = w
-    metrics = {"cope/forecast_samples": len(samples), "cope/forecast_kept_frac": float(keep.float().mean())}
-    return samples, metrics
+        gate = "wins"
+    return trajectory_gate(rewards, n, gate, config.action_forecast_success_threshold)
+
+
+def forecast_weights(
+    experiences: Sequence, tokenizer, config: CoPEConfig, n: int, action_format: ActionFormat = ReActFormat()
+) -> Tuple[List[torch.Tensor], Dict[str, float]]:
+    """Per sample of each experience (``index`` set), the weight its forecast samples get before the batch-wide
+    rescale: 0 for a trajectory the gate leaves out or that issues no sample (every action dropped); else 1, or with
+    group norm 1/m_g, m_g = the trajectories of its group that issue samples. The policy actor builds the samples
+    (``build_forecast_samples``, rows of weight > 0) and, with group norm, rescales the weights of all ranks'
+    samples to mean 1. And ``cope/forecast_kept_frac``."""
+    rows = unpadded_trajectories(experiences)
+    keep = rollout_gate(experiences, config, n)
+    issuing = [p for p in keep.nonzero().flatten().tolist()
+               if any(a is not None for a in trajectory_actions(*rows[p], tokenizer, action_format,
+                                                                config.action_forecast_skip_invalid))]
+    producers: Dict[int, int] = {}
+    for p in issuing:
+        producers[p // n] = producers.get(p // n, 0) + 1
+    weight = {p: 1.0 / producers[p // n] if config.action_forecast_group_norm else 1.0 for p in issuing}
+    return ([torch.tensor([weight.get(p, 0.0) for p in e.index]) for e in experiences],
+            {"cope/forecast_kept_frac": float(keep.float().mean())})
 
 
 def trajectory_branches(

@@ -6,18 +6,12 @@ skip with a clear reason when a server's venv has not been built.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from env_gateway.servers.process import (ROOT, EnvServerProcess, call, log_tail, stop_process,  # noqa: F401
                                        venv_python)

@@ -8,6 +8,9 @@ equal. Test code only: they cost one forward per turn (``benchmarks/signal_cost.
 - ``per_sample_member_logits``: each forecast sample's own forward, cut around its later slots (what
   ``temporal_ensemble.collect_members`` reads).
 - ``per_sample_forecast_loss``: the samples collated, right-padded, one row each, full logits (``forecast_nll``).
+- ``forecast_samples_from_experiences``: a rollout's forecast samples gated, built and weighed in one process (the
+  trainer splits it: gate and weights in the experience maker, ``forecast.forecast_weights``; samples and the
+  rescale in each policy rank).
 - ``add_info_gated_advantage``: the info-gated advantage of a whole batch in one process (the trainer splits it: the
   gates in the experience maker, the z-scored bonus in each policy rank, ``cope_rlhf.advantage``).
 """
@@ -20,10 +23,12 @@ import torch
 
 from cope_rlhf.advantage import group_reward_std
 from cope_rlhf.branches import logit_columns
-from cope_rlhf.forecast import ForecastSample
+from cope_rlhf.config import CoPEConfig
+from cope_rlhf.forecast import (ActionFormat, ForecastSample, ReActFormat, build_forecast_samples,
+                                rollout_gate)
 from cope_rlhf.info_gain import plan_probes, position_ids_for, probe_kl, spread_rewards
 from cope_rlhf.temporal_ensemble import later_forecasts
-from cope_rlhf.turns import turn_spans
+from cope_rlhf.turns import turn_spans, unpadded_trajectories
 
 
 def _probe_columns(probes) -> torch.Tensor:
@@ -137,3 +142,35 @@ def add_info_gated_advantage(
         bonus = beta.unsqueeze(1) * (x.float() - mean) / std.clamp_min(1e-8) * m
         e.advantages = e.advantages + bonus.to(e.advantages.dtype)
     return {"cope/info_beta_mean": float(torch.cat(betas).mean()), "cope/info_reward_mean": float(mean)}
+
+
+def group_norm_weights(samples: Sequence[ForecastSample], n: int) -> List[float]:
+    """Per sample 1/m_g, m_g = the trajectories of its group (rows ``row // n``) that produced samples, rescaled
+    to mean 1 over the samples."""
+    producers: Dict[int, set] = {}
+    for s in samples:
+        producers.setdefault(s.row // n, set()).add(s.row)
+    raw = [1.0 / len(producers[s.row // n]) for s in samples]
+    scale = len(raw) / sum(raw) if raw else 1.0
+    return [w * scale for w in raw]
+
+
+def forecast_samples_from_experiences(
+    experiences: Sequence, tokenizer, config: CoPEConfig, n: int, action_format: ActionFormat = ReActFormat()
+) -> Tuple[List[ForecastSample], Dict[str, float]]:
+    """Gate, build and weigh the forecast samples of a rollout (OpenRLHF experiences with ``index`` set)."""
+    rows = unpadded_trajectories(experiences)
+    keep = rollout_gate(experiences, config, n)
+    samples = []
+    for position in keep.nonzero().flatten().tolist():
+        tokens, turns = rows[position]
+        samples += build_forecast_samples(
+            tokens, turns, tokenizer, config.action_forecast_k, config.action_forecast_layout,
+            config.action_forecast_skip_invalid, row=position, action_format=action_format,
+            max_length=config.action_forecast_max_length,
+        )
+    if config.action_forecast_group_norm:
+        for s, w in zip(samples, group_norm_weights(samples, n)):
+            s.weight = w
+    metrics = {"cope/forecast_samples": len(samples), "cope/forecast_kept_frac": float(keep.float().mean())}
+    return samples, metrics

@@ -22,18 +22,18 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.config import hierarchize
 
 from cope_rlhf import actor as actor_module
-from cope_rlhf.actor import (FORECAST_KEY, INFO_BETA_KEY, SIGNALS_KEY, UPDATES_STATE, CoPEActorMethods,
+from cope_rlhf.actor import (FORECAST_WEIGHT_KEY, INFO_BETA_KEY, SIGNALS_KEY, UPDATES_STATE, CoPEActorMethods,
                              CoPEActorPPOTrainer, CoPEPolicyModelActor)
-from cope_rlhf.advantage import filter_degenerate_groups, info_gates
+from cope_rlhf.advantage import filter_degenerate_groups, info_gates, zero_action_mask
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import unpadded_trajectories
-from cope_rlhf.forecast import build_forecast_samples, forecast_samples_from_experiences
+from cope_rlhf.forecast import build_forecast_samples, forecast_weights
 from cope_rlhf.info_gain import position_ids_for
 from cope_rlhf.temporal_ensemble import TOP_M, collect_members, mixture_target, te_kl, te_lambda
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.signal_references import (collate_forecast_samples, forecast_nll, per_sample_forecast_loss,
-                                     per_sample_member_logits, per_turn_info_gain)
+from tests.signal_references import (collate_forecast_samples, forecast_nll, forecast_samples_from_experiences,
+                                     per_sample_forecast_loss, per_sample_member_logits, per_turn_info_gain)
 from tests.tiny_hf import agent_response, stock_grpo, to_experience
 
 N = 2
@@ -251,6 +251,16 @@ def test_te_lambda_zero_is_diagnostic_only(batch, model_dir, tok, monkeypatch, o
     assert all(torch.equal(v, params(cope)[k]) for k, v in params(stock).items())
 
 
+def with_forecast_weights(experience, tok, args):
+    """The experience as the maker hands it over with the forecast on (each row's weight), and the samples the actor
+    builds from it (the whole-batch reference, tests/signal_references.py)."""
+    experience = copy.deepcopy(experience)
+    config = CoPEConfig.from_args(args)
+    experience.info[FORECAST_WEIGHT_KEY] = forecast_weights([experience], tok, config, N)[0][0]
+    samples, _ = forecast_samples_from_experiences([copy.deepcopy(experience)], tok, config, N)
+    return experience, samples
+
+
 def forecast_loss_of(actor, samples, tok, coef=1.0):
     ids, attn, mask, weights = collate_forecast_samples(samples, tok.pad_token_id)
     with torch.no_grad():
@@ -261,11 +271,8 @@ def forecast_loss_of(actor, samples, tok, coef=1.0):
 def test_forecast_pass_lowers_forecast_nll(batch, model_dir, tok, monkeypatch, on_cpu):
     args = cli_args("--cope.action_forecast_enable", "--cope.action_forecast_gate", "all",
                     "--cope.action_forecast_coef", "1.0")
-    samples, _ = forecast_samples_from_experiences([copy.deepcopy(batch)], tok, CoPEConfig.from_args(args), N)
+    experience, samples = with_forecast_weights(batch, tok, args)
     assert len(samples) >= 4
-    experience = copy.deepcopy(batch)
-    experience.info[FORECAST_KEY] = [[s for s in samples if s.row == p] for p in experience.index]
-    experience.info["cope/forecast_samples"] = torch.full((4,), float(len(samples)))  # as the maker broadcasts it
     stock = make_trainer(ActorPPOTrainer, args, model_dir, tok, monkeypatch)
     cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
     train_once(stock, batch)  # the PPO step alone: the weights the forecast pass starts from
@@ -273,7 +280,7 @@ def test_forecast_pass_lowers_forecast_nll(batch, model_dir, tok, monkeypatch, o
     before, after = forecast_loss_of(stock.actor, samples, tok), forecast_loss_of(cope.actor, samples, tok)
     assert status["cope/forecast_loss"] == pytest.approx(before, rel=1e-4)
     assert status["cope/forecast_samples_trained"] == len(samples)
-    assert status["cope/forecast_samples"] == len(samples)  # info metrics reach the status (-> TensorBoard)
+    assert status["cope/forecast_samples"] == len(samples)  # the samples built on append
     assert after < before
     assert not cope.__dict__.get("cope_forecast_samples")  # used once, then dropped
 
@@ -424,7 +431,8 @@ def mixed_batch(tok, model_dir, rewards):
 
 def filtered(tok, model_dir, rewards):
     experience = mixed_batch(tok, model_dir, rewards)
-    filter_degenerate_groups([experience], N)
+    drops, _ = filter_degenerate_groups([experience], N)
+    experience.action_mask = zero_action_mask(experience.action_mask, drops[0])  # the policy actor's part, on append
     return experience
 
 
@@ -552,11 +560,6 @@ def test_cpu_ppo_pass_trains_on_the_hosts_cores(world_size, cores, expected, mon
 # --- ACTION_FORECAST_MODE: separate (own optimizer steps, upstream) vs joint (inside PPO's window) ----------------
 
 
-def with_forecast_samples(experience, tok, args):
-    experience = copy.deepcopy(experience)
-    samples, _ = forecast_samples_from_experiences([experience], tok, CoPEConfig.from_args(args), N)
-    experience.info[FORECAST_KEY] = [[s for s in samples if s.row == p] for p in experience.index]
-    return experience, samples
 
 
 def adam_update(batch, model_dir, tok, monkeypatch, *flags):
@@ -566,7 +569,7 @@ def adam_update(batch, model_dir, tok, monkeypatch, *flags):
     trainer.actor_optim = torch.optim.Adam(trainer.actor.parameters(), lr=1e-3)
     trainer.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.actor_optim, lambda step: 1.0)
     before = params(trainer)
-    experience, _ = with_forecast_samples(batch, tok, args)
+    experience, _ = with_forecast_weights(batch, tok, args)
     status = train_once(trainer, experience)
     after = params(trainer)
     return torch.cat([(after[k] - before[k]).flatten() for k in before]), status
@@ -602,7 +605,7 @@ def test_joint_mode_adds_the_forecast_gradient_to_the_ppo_step(model_dir, tok, m
     reference = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
     batch = mixed_batch(tok, model_dir, [1.0, 0.0, 1.0, 0.0])  # PPO gradients that do not cancel
     before = params(trainer)
-    experience, samples = with_forecast_samples(batch, tok, args)
+    experience, samples = with_forecast_weights(batch, tok, args)
     stock_status = train_once(stock, batch)
     status = train_once(trainer, experience)
     reference.actor.train()
@@ -627,7 +630,7 @@ def test_sft_mini_batches_and_learning_rate_scale(batch, model_dir, tok, monkeyp
     args = cli_args(*flags)
     trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
     trainer.strategy = AccumulatingStrategy(args, 1)
-    _, samples = with_forecast_samples(batch, tok, args)
+    _, samples = with_forecast_weights(batch, tok, args)
     trainer.cope_forecast_samples = samples
     status = trainer.cope_forecast_step()
     assert status["cope/forecast_optimizer_steps"] == math.ceil(len(samples) / 3) == trainer.strategy.calls
@@ -650,7 +653,7 @@ def test_separate_forecast_step_refuses_a_partial_accumulation_window(batch, mod
         args = cli_args(*flags, "--train.micro_batch_size", micro_batch)
         trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
         trainer.strategy = AccumulatingStrategy(args, 2)
-        experience, _ = with_forecast_samples(batch, tok, args)
+        experience, _ = with_forecast_weights(batch, tok, args)
         if whole_windows:
             assert train_once(trainer, experience)["cope/forecast_optimizer_steps"] == 1
             assert trainer.strategy.calls == 2 + 2  # PPO's window, then the forecast's

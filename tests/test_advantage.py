@@ -8,7 +8,7 @@ import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
 from cope_rlhf.advantage import (add_info_bonus, filter_degenerate_groups, group_reward_std, info_gates,
-                                 rounding_noise_frac)
+                                 rounding_noise_frac, zero_action_mask)
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.frozen_signals import frozen_signals
 from tests.signal_references import add_info_gated_advantage
@@ -40,9 +40,12 @@ def test_grpo_hand_computed():
 def test_filter_hand_computed():
     batch = hand_batch()
     stock_grpo(batch, n=2)
-    assert filter_degenerate_groups(batch, 2) == {"cope/filtered_frac": 0.5}
-    assert batch[0].action_mask.tolist() == [[0, 0, 0, 0], [1, 1, 0, 0]]
-    assert batch[1].action_mask.tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
+    drops, metrics = filter_degenerate_groups(batch, 2)
+    assert metrics == {"cope/filtered_frac": 0.5} and [d.tolist() for d in drops] == [[True, False], [False, True]]
+    # the action mask is the policy actor's to zero (after it has built the forecast samples): zero_action_mask
+    masks = [zero_action_mask(e.action_mask, d) for e, d in zip(batch, drops)]
+    assert masks[0].tolist() == [[0, 0, 0, 0], [1, 1, 0, 0]]
+    assert masks[1].tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
 
 
 def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_and_the_filter_removes_it():
@@ -58,8 +61,9 @@ def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_an
         stock_grpo(batch, n=8)
         assert torch.allclose(batch[0].advantages, torch.full((8, 3), sign * 0.93), atol=0.01)  # not 0
         assert rounding_noise_frac(batch, 8) == 1.0
-        assert filter_degenerate_groups(batch, 8) == {"cope/filtered_frac": 1.0}
-        assert not batch[0].advantages.any() and not batch[0].action_mask.any()
+        drops, metrics = filter_degenerate_groups(batch, 8)
+        assert metrics == {"cope/filtered_frac": 1.0} and bool(drops[0].all())
+        assert not batch[0].advantages.any()
 
 
 def test_rounding_noise_frac_counts_only_equal_groups_with_an_inexact_mean():
@@ -78,8 +82,8 @@ def test_filter_with_info_gain_removes_the_extrinsic_term_only():
     stock_grpo(batch, n=2, kl_coef=0.1)
     assert batch[0].advantages[0].abs().sum() > 0  # position 2: degenerate group 1, KL only
     masks = [e.action_mask.clone() for e in batch]
-    assert filter_degenerate_groups(batch, 2, keep_action_mask=True) == {"cope/filtered_frac": 0.5}
-    assert [e.action_mask.tolist() for e in batch] == [m.tolist() for m in masks]
+    assert filter_degenerate_groups(batch, 2)[1] == {"cope/filtered_frac": 0.5}
+    assert [e.action_mask.tolist() for e in batch] == [m.tolist() for m in masks]  # the maker leaves the masks
     assert not batch[0].advantages[0].any() and not batch[1].advantages[1].any() and not batch[0].returns[0].any()
     assert batch[0].advantages[1].abs().sum() > 0  # the mixed group keeps its GRPO advantage
 

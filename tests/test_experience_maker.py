@@ -16,17 +16,17 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.utils.config import hierarchize
 
-from cope_rlhf.actor import FORECAST_KEY, INFO_BETA_KEY, CoPEActorPPOTrainer, CoPEPolicyModelActor
+from cope_rlhf.actor import (FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY, CoPEActorPPOTrainer,
+                             CoPEPolicyModelActor)
 from cope_rlhf.advantage import filter_degenerate_groups, info_gates
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.cpu_cluster import CPUReplayBuffer
 from cope_rlhf.experience_maker import CoPEExperienceMaker
-from cope_rlhf.forecast import forecast_samples_from_experiences
 from cope_rlhf.turns import turn_spans
 from tests.conftest import ROOT
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.signal_references import add_info_gated_advantage, per_turn_info_gain
+from tests.signal_references import add_info_gated_advantage, forecast_samples_from_experiences, per_turn_info_gain
 from tests.tiny_hf import agent_response, to_experience
 
 AGENT_FUNC = os.path.join(ROOT, "agent_funcs", "babyai.py")  # the maker reads its action format
@@ -128,27 +128,30 @@ def test_group_norm_rounding_is_warned_once_and_not_with_the_filter(groups, tok,
         advantages = torch.cat([e.advantages[e.action_mask.bool()] for e in first])
         if warnings:
             assert advantages.abs().min() > 0.5  # the premise: stock GRPO's advantage here is rounding, not ~0
-        else:
-            assert advantages.numel() == 0  # the filter removed the group
+        else:  # the filter removed the group: no advantage left, its rows marked for the actor to mask out
+            assert not advantages.any() and all(bool(e.info[FILTERED_KEY].all()) for e in first)
 
 
-def test_filter_zeroes_degenerate_group(groups, tok, stock):
+def test_filter_zeroes_degenerate_group(groups, tok, stock, checkpoints):
     cope = make(CoPEExperienceMaker, groups, tok, "--cope.grpo_filter_degenerate")
     reference = fresh(stock)
-    metrics = filter_degenerate_groups(reference, N)
+    drops, metrics = filter_degenerate_groups(reference, N)
     assert metrics["cope/filtered_frac"] == pytest.approx(4 / 12)
-    for got, want in zip(cope, reference):
-        assert torch.equal(got.action_mask, want.action_mask)
-        assert torch.equal(got.advantages, want.advantages)
+    for got, want, base, drop in zip(cope, reference, stock, drops):
+        assert torch.equal(got.action_mask, base.action_mask)  # masked by the actor, once it has the forecast samples
+        assert torch.equal(got.advantages, want.advantages) and torch.equal(got.info[FILTERED_KEY], drop)
         assert torch.equal(got.info["cope/filtered_frac"], torch.full((len(got.index),), 4 / 12))
-    dropped = [p for e in cope for b, p in enumerate(e.index) if e.action_mask[b].sum() == 0]
+    dropped = [p for e in cope for b, p in enumerate(e.index) if e.info[FILTERED_KEY][b]]
     assert sorted(dropped) == [4, 5, 6, 7]
+    items = through_the_actor(cope, tok, checkpoints[0], "--cope.grpo_filter_degenerate").replay_buffer.items
+    rows = [p for e in cope for p in e.index]
+    assert sorted(p for p, item in zip(rows, items) if not item.action_mask.any()) == [4, 5, 6, 7]
 
 
-def through_the_actor(experiences, tok, checkpoint: str, *argv: str) -> list:
+def through_the_actor(experiences, tok, checkpoint: str, *argv: str) -> CoPEActorPPOTrainer:
     """The maker's experiences as the CoPE policy actor trains on them: appended (its frozen signals computed under
     the weights of ``checkpoint``, the actor group's), then the info term added to the buffered items' advantages,
-    as ``ppo_train`` does first. Returns the buffer's items (one per sample, right-trimmed)."""
+    as ``ppo_train`` does first. Returns the trainer (its buffer's items: one per sample, right-trimmed)."""
     args = cli_args(*argv)
     trainer = object.__new__(CoPEActorPPOTrainer)
     trainer.strategy, trainer.args, trainer.tokenizer = StandInStrategy(args), args, tok
@@ -158,8 +161,9 @@ def through_the_actor(experiences, tok, checkpoint: str, *argv: str) -> list:
     actor.trainer = trainer
     for e in copy.deepcopy(experiences):
         actor.append(e)
-    trainer._add_info_bonus()
-    return trainer.replay_buffer.items
+    if trainer.cope.info_gain_enable:
+        trainer._add_info_bonus()
+    return trainer
 
 
 def test_info_gain_gates_in_the_maker_the_bonus_in_the_actor(groups, tok, stock, policy, checkpoints):
@@ -178,7 +182,7 @@ def test_info_gain_gates_in_the_maker_the_bonus_in_the_actor(groups, tok, stock,
                                     config.info_max_turns)[0] for e in reference]
     assert sum(float(x.abs().sum()) for x in intrinsic) > 0
     add_info_gated_advantage(reference, intrinsic, N, 0.1, config.info_gate_temp)
-    items = through_the_actor(cope, tok, checkpoints[0], *info)
+    items = through_the_actor(cope, tok, checkpoints[0], *info).replay_buffer.items
     rows = [(e, b) for e in reference for b in range(len(e.index))]
     assert len(items) == len(rows)
     for item, (want, b) in zip(items, rows):
@@ -204,29 +208,38 @@ def test_filter_with_info_gain_leaves_degenerate_groups_the_intrinsic_term(group
             else:
                 torch.testing.assert_close(got.advantages[b], base.advantages[b])
     assert float(both[0].info["cope/info_beta_mean"][0]) > 0.1 * 4 / 12 * 0.99  # w on a third of the samples
-    items = through_the_actor(both, tok, checkpoints[0], *info, "--cope.grpo_filter_degenerate")
+    items = through_the_actor(both, tok, checkpoints[0], *info, "--cope.grpo_filter_degenerate").replay_buffer.items
     rows = [row for e in both for row in e.index]
     reached = sum(int(item.advantages[item.action_mask.bool()].abs().sum() > 0)
                   for item, row in zip(items, rows) if 4 <= row < 8)
     assert reached >= 2  # the info term reaches the sigma = 0 group (turn 0 of a row scores 0; others do not)
 
 
-def test_forecast_samples_attached(groups, tok, stock):
+def test_forecast_samples_built_by_the_actor(groups, tok, stock, checkpoints):
+    """The maker weighs the rows (gate "wins", group norm) before the filter; the actor builds their samples on append
+    and rescales the weights: the whole-batch reference's samples."""
     argv = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "wins",
-            "--cope.action_forecast_group_norm"]
+            "--cope.action_forecast_group_norm", "--cope.grpo_filter_degenerate"]
     cope = make(CoPEExperienceMaker, groups, tok, *argv)
     config = CoPEConfig.from_args(cli_args(*argv))
-    samples, metrics = forecast_samples_from_experiences(fresh(stock), tok, config, N)
-    assert samples and metrics["cope/forecast_samples"] == len(samples)
-    got = [s for e in cope for row in e.info.pop(FORECAST_KEY) for s in row]
+    samples, _ = forecast_samples_from_experiences(fresh(stock), tok, config, N)
+    args = cli_args(*argv)
+    trainer = object.__new__(CoPEActorPPOTrainer)
+    trainer.strategy, trainer.args, trainer.tokenizer = StandInStrategy(args), args, tok
+    trainer.replay_buffer = CPUReplayBuffer(4, 0, False, False, False)
+    for e in copy.deepcopy(cope):
+        trainer.take_experience(e)
+        assert FORECAST_WEIGHT_KEY not in e.info and FILTERED_KEY not in e.info  # nothing of it reaches the buffer
+    assert trainer._rescale_forecast_weights() == len(samples) > 0
+    got = trainer.cope_forecast_samples
     key = lambda s: (s.row, s.turn)  # noqa: E731
-    assert [(s.input_ids, s.loss_mask, s.slots, s.weight) for s in sorted(got, key=key)] == \
-        [(s.input_ids, s.loss_mask, s.slots, s.weight) for s in sorted(samples, key=key)]
-    assert {s.row for s in got} == {i for i, r in enumerate(REWARDS) if r > 0.5}  # gate "wins"
-    for e in cope:
-        assert torch.equal(e.info["cope/forecast_samples"], torch.full((len(e.index),), float(len(samples))))
+    assert [(s.input_ids, s.loss_mask, s.slots) for s in sorted(got, key=key)] == \
+        [(s.input_ids, s.loss_mask, s.slots) for s in sorted(samples, key=key)]
+    assert [s.weight for s in sorted(got, key=key)] == pytest.approx([s.weight for s in sorted(samples, key=key)])
+    # gate "wins", with the all-win group 2 (rows 8-11 win 3 of 4: mixed) and the all-lose group 1 (rows 4-7)
+    assert {s.row for s in got} == {i for i, r in enumerate(REWARDS) if r > 0.5}
     for got_e, base in zip(cope, stock):  # advantages untouched by the forecast
-        assert torch.equal(got_e.advantages, base.advantages)
+        assert torch.equal(got_e.advantages, base.advantages) or not got_e.advantages.any()
 
 
 def test_te_is_left_to_the_actor(groups, tok, stock):
@@ -244,8 +257,12 @@ def test_show_stock_vs_cope(groups, tok, stock, checkpoints):
                "--cope.te_lambda", "0.1"]
     no_filter = make(CoPEExperienceMaker, groups, tok, *signals)
     all_on = make(CoPEExperienceMaker, groups, tok, *signals, "--cope.grpo_filter_degenerate")
-    trained = {"no_filter": through_the_actor(no_filter, tok, checkpoints[0], *signals),
-               "all_on": through_the_actor(all_on, tok, checkpoints[0], *signals, "--cope.grpo_filter_degenerate")}
+    actors = {"no_filter": through_the_actor(no_filter, tok, checkpoints[0], *signals),
+              "all_on": through_the_actor(all_on, tok, checkpoints[0], *signals, "--cope.grpo_filter_degenerate")}
+    trained = {name: trainer.replay_buffer.items for name, trainer in actors.items()}
+    forecasts = {}
+    for sample in actors["all_on"].cope_forecast_samples:
+        forecasts[sample.row] = forecasts.get(sample.row, 0) + 1
 
     def show(advantages, mask):
         adv = advantages[: len(mask)][mask.bool()]
@@ -260,15 +277,15 @@ def test_show_stock_vs_cope(groups, tok, stock, checkpoints):
             a_i, c_i = trained["no_filter"][i], trained["all_on"][i]
             print(f"{row:>3} {float(c_e.rewards[b]):>6.1f} {len(spans[b]):>5} "
                   f"{show(s_e.advantages[b], s_e.action_mask[b]):>31} {show(a_i.advantages, a_i.action_mask):>27} "
-                  f"{show(c_i.advantages, c_i.action_mask):>27} {len(c_e.info[FORECAST_KEY][b]):>9}")
+                  f"{show(c_i.advantages, c_i.action_mask):>27} {forecasts.get(row, 0):>9}")
             assert c_i.action_mask.any()  # with info gain on, the filter keeps every action mask
             i += 1
     metrics = {k: float(v[0]) for k, v in all_on[0].info.items() if k.startswith("cope/")}
     print("The maker's CoPE metrics, all on (broadcast per sample into info; the actor averages them into its "
-          "status, next to its own: info gain's reward and turns, TE's coverage):")
+          "status, next to its own: info gain's reward and turns, TE's coverage, the forecast samples):")
     for key, value in sorted(metrics.items()):
         print(f"  {key:<28} {value:.4f}")
-    assert {"cope/filtered_frac", "cope/info_beta_mean", "cope/forecast_samples"} <= metrics.keys()
+    assert {"cope/filtered_frac", "cope/info_beta_mean", "cope/forecast_kept_frac"} <= metrics.keys()
     rows = [(e, b) for e in stock for b in range(len(e.index))]
     degenerate = [(item.advantages, e.advantages[b][: len(item.advantages)])
                   for item, (e, b) in zip(trained["no_filter"], rows) if 4 <= e.index[b] < 8]

@@ -13,12 +13,12 @@ from cope_rlhf.forecast import (
     ReActFormat,
     build_forecast_samples,
     forecast_loss,
-    forecast_samples_from_experiences,
-    group_norm_weights,
+    forecast_weights,
     load_action_format,
     trajectory_gate,
 )
-from cope_rlhf.turns import turn_spans
+from cope_rlhf.turns import turn_spans, unpadded_trajectories
+from tests.signal_references import forecast_samples_from_experiences, group_norm_weights
 from tests.tiny_hf import agent_response, tiny_model, to_experience
 
 OBS = ["Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens.", "Done."]
@@ -163,24 +163,33 @@ def test_forecast_loss_is_the_weighted_token_mean(tok, episode):
     assert count > 10 and abs(float(loss) - 0.01 * total / count) < 1e-5
 
 
-def test_from_experiences_gate_and_weights(tok):
+def test_forecast_weights_gate_and_group_norm(tok):
+    """The maker's part (gate, 1/m_g) of the forecast samples; the actor's part (build the rows of weight > 0, rescale
+    the weights to mean 1 over the samples) then gives the whole-batch reference's samples."""
     episodes = []
     for g, rewards in enumerate([(1.0, 0.0), (1.0, 1.0)]):
         for r in rewards:
             episodes.append(to_experience(agent_response(tok, OBS[:3], ACTS[:2], reward=r)))
-    for i, e in enumerate(episodes):
-        e.index = [i]
     batches = [Experience.concat_experiences(part, tok.pad_token_id) for part in (episodes[:3], episodes[3:])]
     batches[0].index, batches[1].index = [0, 1, 2], [3]
     config = CoPEConfig(action_forecast_enable=True, action_forecast_gate="wins", action_forecast_group_norm=True)
-    samples, metrics = forecast_samples_from_experiences(batches, tok, config, n=2)
-    assert metrics == {"cope/forecast_samples": 6, "cope/forecast_kept_frac": 0.75}
-    assert sorted({s.row for s in samples}) == [0, 2, 3]
-    assert {s.row: s.weight for s in samples} == pytest.approx({0: 1.5, 2: 0.75, 3: 0.75})
-    mixed = forecast_samples_from_experiences(batches, tok, CoPEConfig(action_forecast_gate="mixed"), n=2)[0]
-    assert {s.row for s in mixed} == {0}
+    weights, metrics = forecast_weights(batches, tok, config, n=2)
+    assert metrics == {"cope/forecast_kept_frac": 0.75}
+    assert [w.tolist() for w in weights] == [[1.0, 0.0, 0.5], [0.5]]  # group 1: two winners, 1/2 each
+    rows = unpadded_trajectories(batches)
+    built = [s for e, w in zip(batches, weights) for p, x in zip(e.index, w.tolist()) if x > 0
+             for s in build_forecast_samples(*rows[p], tok, config.action_forecast_k, row=p, weight=x)]
+    scale = len(built) / sum(s.weight for s in built)
+    reference, _ = forecast_samples_from_experiences(batches, tok, config, n=2)
+    assert [(s.row, s.turn, s.input_ids, s.weight * scale) for s in built] == \
+        [(s.row, s.turn, s.input_ids, pytest.approx(s.weight)) for s in reference]
+    assert {s.row: s.weight for s in reference} == pytest.approx({0: 1.5, 2: 0.75, 3: 0.75})
+
+    def kept(cfg):
+        return {p for e, w in zip(batches, forecast_weights(batches, tok, cfg, n=2)[0])
+                for p, x in zip(e.index, w.tolist()) if x > 0}
+
+    assert kept(CoPEConfig(action_forecast_gate="mixed")) == {0}
     # gate "all": losers train the forecast, unless group norm is on (upstream: winners only)
-    every = CoPEConfig(action_forecast_gate="all")
-    assert {s.row for s in forecast_samples_from_experiences(batches, tok, every, n=2)[0]} == {0, 1, 2, 3}
-    normed = CoPEConfig(action_forecast_gate="all", action_forecast_group_norm=True)
-    assert {s.row for s in forecast_samples_from_experiences(batches, tok, normed, n=2)[0]} == {0, 2, 3}
+    assert kept(CoPEConfig(action_forecast_gate="all")) == {0, 1, 2, 3}
+    assert kept(CoPEConfig(action_forecast_gate="all", action_forecast_group_norm=True)) == {0, 2, 3}

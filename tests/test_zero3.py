@@ -5,8 +5,9 @@ forwards on every rank (DESIGN.md), although ranks hold different rows. Here ran
 (info-gain probes, forecast samples) and rank 1 a single-turn one (no probe, no later forecast slot) and no forecast
 samples, so that rank 1 has no forward of its own to run. Both ranks call, in turn: ``cope_frozen_signals`` (a
 trajectory's probes and forecasts in one packed forward, one trajectory per forward), what ``append`` and the start
-of ``ppo_train`` do with an experience (``attach_frozen_signals``, then ``_add_info_bonus``, whose z-score spans
-both ranks' action tokens), and the separate ``cope_forecast_step`` (backward and optimizer step included). Each
+of ``ppo_train`` do with an experience (``take_experience``, then ``_add_info_bonus``, whose z-score spans
+both ranks' action tokens), the forecast weights' rescale (``_rescale_forecast_weights``, a count over both ranks)
+and the separate ``cope_forecast_step`` (backward and optimizer step included). Each
 rank's results must equal those of one process without DeepSpeed on the same rows (the info term: on both ranks'
 rows), and both ranks must have run the same number of forwards.
 
@@ -84,7 +85,7 @@ def cope_calls(trainer: CoPEActorPPOTrainer, rank: int, tok) -> dict:
     bonus = appended(trainer, [batch], tok)
     # rank 1's trajectory is gated out of the forecast: it has no sample to train, rank 0 has them all
     trainer.cope_forecast_samples = [s for row in samples for s in row] if rank == 0 else []
-    forecast = trainer.cope_forecast_step()
+    forecast = {"cope/forecast_samples": trainer._rescale_forecast_weights(), **trainer.cope_forecast_step()}
     hook.remove()
     return {"packed": packed, "bonus": bonus, "forecast": forecast, "forwards": len(forwards)}
 
@@ -96,7 +97,7 @@ def appended(trainer: CoPEActorPPOTrainer, batches: list, tok) -> tuple:
     for batch in copy.deepcopy(batches):
         batch.advantages = torch.zeros(batch.action_mask.shape)
         batch.info[INFO_BETA_KEY] = torch.full((len(batch.index),), 0.1)
-        trainer.attach_frozen_signals(batch)
+        trainer.take_experience(batch)
         trainer.replay_buffer.append(batch)
     mean = trainer._add_info_bonus()
     return mean, [item.advantages for item in trainer.replay_buffer.items]
