@@ -16,6 +16,7 @@ import time
 import pytest
 
 from cope_rlhf.config import CoPEConfig
+from tests.agentgym_fake_backend import refusing_port
 from tests.conftest import ROOT
 from tests.env_server_proc import call, free_port, venv_python
 
@@ -387,13 +388,15 @@ def test_tmux_launcher_runs_the_preflight_before_starting_anything():
 
 def test_tmux_launcher_names_the_server_that_never_came_up():
     tmux_ready()
-    session, dead_port = f"cope-test-dead-{os.getpid()}", free_port()
-    try:
-        out = launch(session, LAUNCH_ONLY="1", ENV_SERVER_URLS=f"http://127.0.0.1:{dead_port}",
-                     GATEWAY_PORT=str(free_port()), HEALTH_TIMEOUT="2")
-    finally:
-        if tmux_server_running(session):
-            launch(session, "stop", timeout=60)
+    session = f"cope-test-dead-{os.getpid()}"
+    with refusing_port() as held:  # nothing listens there, and nothing can while it is held
+        dead_port = held.getsockname()[1]
+        try:
+            out = launch(session, LAUNCH_ONLY="1", ENV_SERVER_URLS=f"http://127.0.0.1:{dead_port}",
+                         GATEWAY_PORT=str(free_port()), HEALTH_TIMEOUT="2")
+        finally:
+            if tmux_server_running(session):
+                launch(session, "stop", timeout=60)
     assert out.returncode == 1
     assert f"babyai server http://127.0.0.1:{dead_port} never came up" in out.stderr
     assert "HEALTH_TIMEOUT" in out.stderr and "all servers healthy" not in out.stdout
