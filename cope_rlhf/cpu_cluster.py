@@ -4,6 +4,7 @@
 every Ray worker, when the OpenRLHF module they replace is imported; on a CUDA host nothing here is imported. What
 each piece handles (OpenRLHF 0.11.2, DeepSpeed 0.19; DeepSpeed picks its CPU accelerator, hence gloo, by itself):
 
+- ``deepspeed.ops``: its shared-memory all-reduce is marked not compatible, so that no rank JIT-compiles it.
 - ``torch.cuda``: ``current_device()`` is called for a device in ~20 places (``.to(...)``, ``device=...``) and
   answers ``"cpu"`` here; ``synchronize`` / ``set_device`` (after every barrier, in ``setup_distributed``) do
   nothing; ``current_stream()`` (an argument of the weight broadcast) is ``None``. Importing this module installs
@@ -26,6 +27,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+import deepspeed.ops
 import torch
 from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
 from openrlhf.utils.deepspeed.deepspeed_utils import get_train_ds_config
@@ -55,6 +57,10 @@ if not torch.cuda.is_available():
     torch.cuda.synchronize = _synchronize
     torch.cuda.set_device = _set_device
     torch.cuda.current_stream = _current_stream
+    # Not compiled: DeepSpeed's shared-memory all-reduce (C++ JIT-built when the process group starts, ~80 s of both
+    # cores the first time on a machine and again whenever the venv moves); only tensor-parallel inference uses it,
+    # ZeRO's collectives go through gloo
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def cpu_device_mesh(device_type: str, *args, **kwargs):
