@@ -10,6 +10,12 @@ each piece handles (OpenRLHF 0.11.2, DeepSpeed 0.19; DeepSpeed picks its CPU acc
   nothing; ``current_stream()`` (an argument of the weight broadcast) is ``None``. Importing this module installs
   them; they raise on CPU-only torch otherwise.
 - ``cpu_device_mesh``: ``DeepspeedStrategy.setup_distributed`` builds its dp/sp/tp mesh on ``"cuda"``.
+- ``convert_to_torch_dtype_with_fp32``: ``--ds.param_dtype fp32`` (the CLI accepts it on a host without CUDA), the
+  model loaded in float32; DeepSpeed's config then enables neither bf16 nor fp16, so it trains in fp32. On a CPU
+  without native bfloat16 (no AVX512-BF16 / AMX, e.g. AVX2-only EPYCs) torch multiplies bf16 matrices in a scalar
+  fallback: there a bf16 PPO micro-step of the quickstart's model took ~15 s where the whole fp32 step takes a
+  few seconds. The vLLM engine stays in bf16 (OpenRLHF starts it so); ``cpu_vllm`` casts the fp32 weights it
+  receives, as a GPU engine gets bf16 copies of fp32 master weights.
 - ``train_ds_config_with_torch_adam``: DeepSpeed builds FusedAdam (a JIT-compiled CUDA op) for an AdamW config
   unless ``torch_adam`` is set; with it, the optimizer is ``torch.optim.AdamW``. ``COPE_ZERO3_RELEASE_PARAMS=1``
   also makes ZeRO-3 release every parameter between forwards (tests: a tiny model would otherwise stay gathered).
@@ -31,6 +37,7 @@ import deepspeed.ops
 import torch
 from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
 from openrlhf.utils.deepspeed.deepspeed_utils import get_train_ds_config
+from openrlhf.utils.utils import convert_to_torch_dtype
 from torch.distributed.device_mesh import init_device_mesh
 
 
@@ -61,6 +68,11 @@ if not torch.cuda.is_available():
     # cores the first time on a machine and again whenever the venv moves); only tensor-parallel inference uses it,
     # ZeRO's collectives go through gloo
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def convert_to_torch_dtype_with_fp32(param_dtype: str) -> torch.dtype:
+    """OpenRLHF's ``--ds.param_dtype`` to a torch dtype, with ``"fp32"`` added (the CPU mode's default)."""
+    return torch.float32 if param_dtype == "fp32" else convert_to_torch_dtype(param_dtype)
 
 
 def cpu_device_mesh(device_type: str, *args, **kwargs):

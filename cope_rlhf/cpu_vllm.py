@@ -81,12 +81,10 @@ class CPUWorkerWrap(WorkerWrap):
         self._cope_received = {}
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
-        if dtype != self.model_config.dtype:
-            raise TypeError(f"weight {name} arrives as {dtype}, the engine runs {self.model_config.dtype}: train "
-                            "with --ds.param_dtype bf16 (OpenRLHF starts vLLM in bf16)")
         weight = torch.empty(shape, dtype=dtype)
         self._model_update_group.broadcast(weight, src=0)
-        self._cope_received[name] = weight
+        # fp32 training (--ds.param_dtype fp32) into the bf16 engine: the engine's copy is rounded, as on a GPU
+        self._cope_received[name] = weight.to(self.model_config.dtype)
         if empty_cache:  # the last parameter of this sync
             received, self._cope_received = self._cope_received, {}
             if getattr(self.model_config.hf_config, "tie_word_embeddings", False) and "lm_head.weight" not in received:

@@ -11,6 +11,7 @@ and, only on a host without CUDA (``CPU_SWAPS``: OpenRLHF's real Ray path on CPU
 
     openrlhf.utils.deepspeed.deepspeed.init_device_mesh           -> cope_rlhf.cpu_cluster.cpu_device_mesh
     openrlhf.utils.deepspeed.deepspeed.get_train_ds_config        -> cope_rlhf.cpu_cluster.train_ds_config_with_torch_adam
+    openrlhf.utils.utils.convert_to_torch_dtype                   -> cope_rlhf.cpu_cluster.convert_to_torch_dtype_with_fp32
     openrlhf.trainer.ray.ppo_actor.NaiveReplayBuffer              -> cope_rlhf.cpu_cluster.CPUReplayBuffer
     openrlhf.trainer.ray.ppo_actor.stateless_init_process_group   -> cope_rlhf.cpu_cluster.gloo_broadcast_group
     openrlhf.trainer.ray.vllm_engine.RolloutRayActor              -> cope_rlhf.cpu_vllm.CPURolloutRayActor
@@ -50,6 +51,7 @@ SWAPS: List[Tuple[str, str, Dict[str, str]]] = [
 CPU_SWAPS: List[Tuple[str, str, Dict[str, str]]] = [
     ("openrlhf.utils.deepspeed.deepspeed", "cope_rlhf.cpu_cluster",
      {"init_device_mesh": "cpu_device_mesh", "get_train_ds_config": "train_ds_config_with_torch_adam"}),
+    ("openrlhf.utils.utils", "cope_rlhf.cpu_cluster", {"convert_to_torch_dtype": "convert_to_torch_dtype_with_fp32"}),
     ("openrlhf.trainer.ray.ppo_actor", "cope_rlhf.cpu_cluster",
      {"NaiveReplayBuffer": "CPUReplayBuffer", "stateless_init_process_group": "gloo_broadcast_group"}),
     ("openrlhf.trainer.ray.vllm_engine", "cope_rlhf.cpu_vllm", {"RolloutRayActor": "CPURolloutRayActor"}),

@@ -140,7 +140,7 @@ def test_valid_args_reach_openrlhf_train(monkeypatch, no_patch_left):
                                                           "no --train.enable_ema"]),
     (["--ds.attn_implementation", "sdpa", "--vllm.num_engines", "1"], ["--vllm.sync_backend gloo",
                                                                       "--vllm.enforce_eager"]),
-    (CPU + ["--ds.param_dtype", "fp16", "--ds.adam_offload"], ["--ds.param_dtype bf16", "no --ds.adam_offload"]),
+    (CPU + ["--ds.param_dtype", "fp16", "--ds.adam_offload"], ["--ds.param_dtype fp32", "no --ds.adam_offload"]),
 ])
 def test_cpu_host_names_every_missing_flag(extra, needs):
     args = cli.build_parser().parse_args(GRPO + extra)

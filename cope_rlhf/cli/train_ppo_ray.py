@@ -61,6 +61,10 @@ def _run_openrlhf_cli(parse_args) -> None:
 
 def _with_cope_group(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_cope_args(parser)
+    if not torch.cuda.is_available():  # the CPU mode trains in fp32 too (cpu_cluster.convert_to_torch_dtype_with_fp32)
+        dtype = next(a for a in parser._actions if a.dest == "ds.param_dtype")
+        if "fp32" not in dtype.choices:
+            dtype.choices = [*dtype.choices, "fp32"]
     return parser
 
 
@@ -136,9 +140,8 @@ def cpu_preset_error(args: argparse.Namespace, cuda: Optional[bool] = None) -> O
         needs.append("no --ds.packing_samples (it switches attention to flash_attention_2)")
     if (flag("ds.ring_attn_size") or 1) > 1:
         needs.append("--ds.ring_attn_size 1 (ring attention runs on flash-attention)")
-    if flag("ds.param_dtype") != "bf16":
-        needs.append("--ds.param_dtype bf16 (the CPU mode runs and is tested in bf16, and vLLM receives the weights as they "
-                     "are trained)")
+    if flag("ds.param_dtype") not in ("fp32", "bf16"):
+        needs.append("--ds.param_dtype fp32 (or bf16, fast only on a CPU with AVX512-BF16 / AMX)")
     if flag("ds.adam_offload"):
         needs.append("no --ds.adam_offload (it builds DeepSpeedCPUAdam, a compiled op, and the optimizer is in host "
                      "memory anyway)")

@@ -4,7 +4,7 @@ placement groups, CoPE's PPOTrainer, one DeepSpeed policy rank, one reference ra
 one vLLM engine and the weight broadcast after every step, exactly as on a cluster — and adds:
 
 - defaults sized for a small run (``LOCAL_DEFAULTS``) and, on a host without CUDA, the CPU preset (``CPU_PRESET``:
-  sdpa attention, bf16, gloo weight sync, eager vLLM); on a CUDA host everything shares one GPU (``GPU_PRESET``);
+  sdpa attention, fp32 training (``cpu_cluster``), gloo weight sync, eager vLLM); on a CUDA host everything shares one GPU (``GPU_PRESET``);
 - ``--env E``: the agent func ``agent_funcs/E.py`` and, unless ``--local.gateway_url`` names a running one, a gateway
   supervising E's server (``EnvStack``), whose URL reaches the rollout workers as ``COPE_GATEWAY_URL``;
 - ``--local.steps N``: N training steps (``--data.max_samples`` = N x ``rollout.batch_size`` prompts, one pass; with
@@ -44,7 +44,7 @@ LOCAL_DEFAULTS = {
     "actor.num_nodes": 1, "actor.num_gpus_per_node": 1, "ref.num_nodes": 1, "ref.num_gpus_per_node": 1,
     "reward.num_nodes": 1, "reward.num_gpus_per_node": 1, "vllm.num_engines": 1, "vllm.tensor_parallel_size": 1,
 }
-CPU_PRESET = ["--ds.attn_implementation", "sdpa", "--ds.param_dtype", "bf16", "--vllm.sync_backend", "gloo",
+CPU_PRESET = ["--ds.attn_implementation", "sdpa", "--ds.param_dtype", "fp32", "--vllm.sync_backend", "gloo",
               "--vllm.enforce_eager"]
 GPU_PRESET = ["--train.colocate_all", "--vllm.gpu_memory_utilization", "0.4"]
 ESTIMATORS = ("group_norm", "reinforce_baseline", "rloo", "dr_grpo", "reinforce")  # those without a critic
