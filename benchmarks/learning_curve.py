@@ -29,9 +29,10 @@ config, held-out success before and at the last step (mean ± 95% half-width ove
 mean reaches GRPO's final mean ("never" if none), and seconds per training step (median over all steps of all
 seeds, rollout + update), then the final models' held-out evals: greedy success of the warm start → after training
 (mean ± 95% half-width over seeds) and sampled Avg@4 after training (mean reward over each item's 4 episodes, then
-over items; mean ± 95%). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts vLLM (~45 s);
-BabyAI took 5-7 s per step and 8-9 min per 60-step run on 2 CPU cores (docs/results/quickstart_diagnosis.md
-point 22); the default grid is 2 envs x 7 configs x 3 seeds.
+over items; mean ± 95%). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM
+(~1 min) and evaluates 400 episodes every ``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO took
+7.3 s on a 2-core host with AMX (bf16, docs/results/quickstart_diagnosis.md point 30) and ~35 s in fp32 on a 2-core
+AVX2-only EPYC (point 31), so a 60-step run takes 15 minutes to 45; the default grid is 2 envs x 7 configs x 3 seeds.
 """
 
 from __future__ import annotations
