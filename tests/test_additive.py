@@ -73,7 +73,8 @@ def rollout(tok, seed: int) -> list:
 
 
 def run(maker_cls, trainer_cls, groups, tok, model_dir, args, seed, monkeypatch):
-    """One production step: the maker's experiences, then the actor's PPO update on them."""
+    """One production step: the maker's experiences, then the actor's PPO update on them; also the replay buffer's items
+    it trained on (the info term joins their advantages in the actor)."""
     actor_group, ref_group = groups
     maker = maker_cls(actor_group, None, None, ref_group, FixedKLController(KL_COEF), StandInStrategy(args), tok)
     experiences = maker.make_experience_batch(rollout(tok, seed))
@@ -87,7 +88,7 @@ def run(maker_cls, trainer_cls, groups, tok, model_dir, args, seed, monkeypatch)
             trainer.replay_buffer.append(e)
     torch.manual_seed(seed)  # the replay buffer's DataLoader shuffles
     status = trainer.ppo_train(KL_COEF if args.algo.kl.use_loss else 0.0)
-    return experiences, status, params(trainer)
+    return experiences, status, params(trainer), trainer.replay_buffer.items
 
 
 @pytest.mark.parametrize("kl_mode", sorted(KL_MODES))
@@ -114,9 +115,11 @@ def test_info_gain_weight_changes_advantages_and_weights(groups, checkpoints, to
                 monkeypatch)
     args = cli_args("kl_in_loss", "--cope.info_intrinsic_weight", "0.1")
     cope = run(CoPEExperienceMaker, CoPEActorPPOTrainer, groups, tok, checkpoints[0], args, seed, monkeypatch)
-    for got, want in zip(cope[0], stock[0]):
+    # the info term joins the advantages in the policy actor (start of ppo_train): compare what it trained on
+    assert len(cope[3]) == len(stock[3]) > 0
+    for got, want in zip(cope[3], stock[3]):
         mask = want.action_mask.bool()
         assert torch.equal(got.returns, want.returns)
         assert torch.equal(got.advantages[~mask], want.advantages[~mask])  # only action tokens move
-    assert not all(torch.equal(g.advantages, w.advantages) for g, w in zip(cope[0], stock[0]))
+    assert not all(torch.equal(g.advantages, w.advantages) for g, w in zip(cope[3], stock[3]))
     assert any(not torch.equal(cope[2][k], v) for k, v in stock[2].items())

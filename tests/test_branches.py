@@ -269,8 +269,13 @@ def test_te_members_equal_per_sample_reference(model, tok, batch, attention):
             full = [model(input_ids=torch.tensor([s.input_ids])).logits[0] for s in mine]
         targets, probs, ids, valid, metrics = collect_members(mine, full, trajectories, top_m=TOP_M)
         assert got["positions"].tolist() == [pos for _, pos in targets]
-        assert torch.equal(got["valid"], valid) and torch.equal(got["ids"], ids)
-        torch.testing.assert_close(got["probs"], probs, atol=1e-5, rtol=0)
+        assert torch.equal(got["valid"], valid)
+        # each slot's top-M members as a set: two tokens whose probabilities tie up to float noise may swap places
+        # (seen on an AVX2 CPU: 0.00180166715 and 0.00180166634, at places 53 and 54 of 64)
+        got_ids, got_order = got["ids"].sort(-1)
+        want_ids, want_order = ids.sort(-1)
+        assert torch.equal(got_ids, want_ids)
+        torch.testing.assert_close(got["probs"].gather(-1, got_order), probs.gather(-1, want_order), atol=1e-5, rtol=0)
         # counts exact, the members' probability of the taken token up to float noise (as the logits above)
         assert got_metrics == pytest.approx(metrics, abs=1e-5)
         covered += len(targets)
