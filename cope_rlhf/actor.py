@@ -269,9 +269,10 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         samples of a row when they are list-layout ones)."""
         weights = experience.info.pop(FORECAST_WEIGHT_KEY, None)
         filtered = experience.info.pop(FILTERED_KEY, None)
+        te = self.cope.te_enable
+        rows = unpadded_trajectories([experience]) if weights is not None or te else {}
         built: Dict[int, List[ForecastSample]] = {}
         if weights is not None:
-            rows = unpadded_trajectories([experience])
             action_format = load_action_format(self.args.train.agent_func_path)
             for p, weight in zip(experience.index, weights.tolist()):
                 if weight > 0:
@@ -282,12 +283,12 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in built.values() for s in row)
         if filtered is not None:
             experience.action_mask = zero_action_mask(experience.action_mask, filtered)
-            built = {p: s for p, s, drop in zip(experience.index, [built.get(p) for p in experience.index],
-                                                 filtered.tolist()) if s is not None and not drop}
-        if self.cope.te_enable or self.cope.info_gain_enable:
-            self.attach_frozen_signals(experience, built if self.cope.action_forecast_layout == "list" else {})
+            dropped = {p for p, drop in zip(experience.index, filtered.tolist()) if drop}
+            built = {p: samples for p, samples in built.items() if p not in dropped}
+        if te or self.cope.info_gain_enable:
+            self.attach_frozen_signals(experience, rows, built if self.cope.action_forecast_layout == "list" else {})
 
-    def attach_frozen_signals(self, experience, built: Dict[int, List[ForecastSample]]) -> None:
+    def attach_frozen_signals(self, experience, rows: Dict[int, tuple], built: Dict[int, List[ForecastSample]]) -> None:
         """The frozen signals of an experience being appended (module docstring): info gain's token rewards and the
         TE members of its drawn trajectories (a ``TE_TRAJ_SUBSAMPLE`` fraction, drawn from ``random.Random`` seeded
         by (train.seed, the updates so far, the experience's first rollout position); list-layout samples, those in
@@ -296,8 +297,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         te, info_gain = self.cope.te_enable, self.cope.info_gain_enable
         positions = list(experience.index)
         samples = trajectories = None
-        if te:
-            rows = unpadded_trajectories([experience])
+        if te:  # rows: take_experience's unpadded trajectories of the experience, by rollout position
             draw = random.Random(f"{self.args.train.seed}-{getattr(self, 'cope_updates', 0)}-{positions[0]}")
             chosen = set(draw.sample(positions, max(1, round(self.cope.te_traj_subsample * len(positions)))))
             action_format = load_action_format(self.args.train.agent_func_path)
