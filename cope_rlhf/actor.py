@@ -265,8 +265,8 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         """What the CoPE signals need of an experience being appended, before the replay buffer splits it: its
         forecast samples (rows of ``info[FORECAST_WEIGHT_KEY]`` > 0, that weight each, into
         ``cope_forecast_samples``), the filter's action mask (rows of ``info[FILTERED_KEY]`` zeroed, after their
-        forecast samples are built), then its frozen signals (``attach_frozen_signals``; TE reuses the forecast
-        samples of a row when they are list-layout ones)."""
+        forecast samples are built: they leave every loss term, TE's included), then its frozen signals
+        (``attach_frozen_signals``; TE reuses the forecast samples of a row when they are list-layout ones)."""
         weights = experience.info.pop(FORECAST_WEIGHT_KEY, None)
         filtered = experience.info.pop(FILTERED_KEY, None)
         te = self.cope.te_enable
@@ -283,8 +283,6 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in built.values() for s in row)
         if filtered is not None:
             experience.action_mask = zero_action_mask(experience.action_mask, filtered)
-            dropped = {p for p, drop in zip(experience.index, filtered.tolist()) if drop}
-            built = {p: samples for p, samples in built.items() if p not in dropped}
         if te or self.cope.info_gain_enable:
             self.attach_frozen_signals(experience, rows, built if self.cope.action_forecast_layout == "list" else {})
 
@@ -300,6 +298,8 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         if te:  # rows: take_experience's unpadded trajectories of the experience, by rollout position
             draw = random.Random(f"{self.args.train.seed}-{getattr(self, 'cope_updates', 0)}-{positions[0]}")
             chosen = set(draw.sample(positions, max(1, round(self.cope.te_traj_subsample * len(positions)))))
+            # a row the filter took out of the loss (action mask zeroed) gets no TE term either
+            chosen -= {p for p, kept in zip(positions, experience.action_mask.any(dim=1).tolist()) if not kept}
             action_format = load_action_format(self.args.train.agent_func_path)
             samples = [(built[p] if p in built else build_forecast_samples(
                 *rows[p], self.tokenizer, self.cope.action_forecast_k, "list", self.cope.action_forecast_skip_invalid,

@@ -22,7 +22,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.config import hierarchize
 
 from cope_rlhf import actor as actor_module
-from cope_rlhf.actor import (FORECAST_WEIGHT_KEY, INFO_BETA_KEY, SIGNALS_KEY, UPDATES_STATE, CoPEActorMethods,
+from cope_rlhf.actor import (FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY, SIGNALS_KEY, UPDATES_STATE, CoPEActorMethods,
                              CoPEActorPPOTrainer, CoPEPolicyModelActor)
 from cope_rlhf.advantage import filter_degenerate_groups, info_gates, zero_action_mask
 from cope_rlhf.cli.train_ppo_ray import build_parser
@@ -477,6 +477,33 @@ def test_filter_empty_micro_batches_equal_training_on_kept_samples(tok, model_di
     assert cope_status["policy_loss"] / 4 == pytest.approx(stock_status["policy_loss"] / 2, rel=1e-5)
     for name, value in stock_params.items():
         torch.testing.assert_close(cope_params[name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("rewards", [[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+def test_filter_takes_rows_out_of_the_te_term(rewards, tok, model_dir, monkeypatch, on_cpu):
+    """A row of a degenerate group leaves TE's term too (not only PPO's): it gets no TE members, so with every
+    group degenerate TE (lambda 1, no warm-up, every trajectory drawn) changes no weight; kept rows keep theirs."""
+    experience = mixed_batch(tok, model_dir, rewards)
+    drops, _ = filter_degenerate_groups([experience], N)
+    experience.info[FILTERED_KEY] = drops[0]  # the maker's mark; append zeroes the rows' action masks
+    args = cli_args("--cope.grpo_filter_degenerate", "--cope.te_enable", "--cope.te_lambda", "1.0",
+                    "--cope.te_warmup_steps", "0", "--train.micro_batch_size", "2")
+    trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    actor.trainer = trainer
+    actor.append(copy.deepcopy(experience))
+    covered = [len(trainer.cope_signals[int(item.info[SIGNALS_KEY])]["members"]["positions"]) > 0
+               for item in trainer.replay_buffer.items]
+    assert covered == [not drop for drop in drops[0].tolist()]
+    before = params(trainer)
+    torch.manual_seed(0)
+    status = trainer.ppo_train(kl_ctl=0.0)
+    assert finite(status)
+    if not any(covered):
+        assert status["cope/te_slots"] == 0
+        assert all(torch.equal(before[k], v) for k, v in params(trainer).items())  # zero gradient, plain SGD
+    else:
+        assert status["cope/te_slots"] > 0 and status["cope/te_kl"] > 0
 
 
 def test_filter_empty_window_without_precomputed_normaliser(tok, model_dir, monkeypatch, on_cpu):
