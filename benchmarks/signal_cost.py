@@ -5,14 +5,20 @@ attention) it measures wall time, process CPU time (all threads; other load on t
 peak memory (resident set growth over the phase, sampled every 2 ms) of:
 
   (a) grpo     a stock GRPO step: forward + backward of the trajectory batch (token-mean policy-gradient loss)
-  (b) signals  the CoPE signals as the trainer computes them: information gain of every turn and the TE members in
-               one call of the policy actor's ``cope_frozen_signals`` (``CoPEActorMethods``: one packed row per
-               trajectory serves both), then the forecast step, ``forecast.forecast_loss`` and backward, one
-               trajectory's samples per micro-batch (K=3) under ``branches.block_attention``, as the actor's
-               ``_forecast_share`` runs it
+  (b) signals  the CoPE signals as the trainer computes them with the forecast in ``separate`` mode: information
+               gain of every turn and the TE members in one call of the policy actor's ``cope_frozen_signals``
+               (``CoPEActorMethods``: one packed row per trajectory serves both), then the forecast step,
+               ``forecast.forecast_loss`` and backward, one trajectory's samples per micro-batch (K=3) under
+               ``branches.block_attention``, as the actor's ``_forecast_share`` runs it
+  (c) joint    (a)'s step with the forecast in ``joint`` mode: the same forward + backward run inside the actor's
+               ``CoPEActorPPOTrainer._forecast_in_forward`` (each trajectory's forecast samples as branches after it
+               in the one forward, the forecast loss added to the GRPO loss), as ``_cope_training_step`` runs it
 
-Each cell is run once to warm up, then ``--repeats`` times (default 3), (a) and (b) interleaved; the table shows
-medians with [min-max], and the ratio b/a as the median of the per-repeat ratios with [min-max].
+b/a is what the signals add to a GRPO step in separate mode; "jnt/a" the same in joint mode: (the frozen signals'
+part of (b) + (c) - (a)) / (a), paired by repeat. A step with every signal on costs 1 + that many GRPO steps.
+
+Each cell is run once to warm up, then ``--repeats`` times (default 3), (a), (b) and (c) interleaved; the table
+shows medians with [min-max], and the ratios as the medians of the per-repeat ratios with [min-max].
 
 Cross-check (not timed): the packed path's values under the attention the trainer uses for it (``block_attention``:
 ``cope_branch_sdpa`` on a CPU, flex attention on a GPU) against the same code under a dense boolean block mask
@@ -53,7 +59,7 @@ from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.utils.config import hierarchize  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from cope_rlhf.actor import CoPEActorMethods  # noqa: E402
+from cope_rlhf.actor import CoPEActorMethods, CoPEActorPPOTrainer  # noqa: E402
 from cope_rlhf.branches import block_attention, dense_mask  # noqa: E402
 from cope_rlhf.cli.train_ppo_ray import build_parser  # noqa: E402
 from cope_rlhf.config import CoPEConfig  # noqa: E402
@@ -138,7 +144,9 @@ def measure(fn, device: torch.device = torch.device("cpu")):
     return wall, cpu, (torch.cuda.max_memory_allocated(device) - base) / 2**20, value
 
 
-def grpo_step(model, batch: Experience):
+def grpo_step(model, batch: Experience, forecast: dict = None):
+    """A GRPO step's forward + backward; with ``forecast`` (``_forecast_in_forward``'s dict, the forward then runs
+    inside it) the forecast loss joins the GRPO loss (one micro-step: its share is its mean)."""
     model.zero_grad(set_to_none=True)
     mask = batch.attention_mask
     logits = model(input_ids=batch.sequences, attention_mask=mask, position_ids=position_ids_for(mask)).logits
@@ -146,8 +154,24 @@ def grpo_step(model, batch: Experience):
     action = batch.action_mask.float()
     advantages = torch.randn(len(mask), 1, device=mask.device)
     loss = -(log_probs * advantages * action).sum() / action.sum()
+    if forecast is not None:
+        loss = loss + forecast.pop("nll")
     loss.backward()
     return float(loss.detach())
+
+
+def joint_step(model, tok, batch: Experience) -> float:
+    """(c): (a) with the forecast riding in its forward, through the policy actor's own ``_forecast_in_forward``."""
+    trainer = object.__new__(CoPEActorPPOTrainer)
+    trainer.actor = Actor(model)
+    trainer.actor.packing_samples = False
+    trainer.args = hierarchize(build_parser().parse_args(["--cope.action_forecast_enable", "--cope.action_forecast_mode",
+                                                          "joint"]))
+    trainer.strategy = SimpleNamespace(args=trainer.args)
+    rows = unpadded_trajectories([batch])
+    per_row = [build_forecast_samples(*rows[p], tok, k=3, row=p) for p in batch.index]
+    with trainer._forecast_in_forward(per_row) as found:
+        return grpo_step(model, batch, found)
 
 
 def forecast_step(run, samples, block_mask, device=None) -> float:
@@ -179,13 +203,15 @@ def logits_of(model):
 
 
 def signals(model, tok, batch: Experience, turns: int, cpu: dict) -> None:
-    """The three signals as the trainer computes them (module docstring, (b)); CPU seconds per part into ``cpu``."""
+    """The three signals as the trainer computes them (module docstring, (b)); CPU seconds per part into ``cpu``
+    (and the frozen signals' wall seconds, ``frozen_wall``)."""
     model.zero_grad(set_to_none=True)
     rows = unpadded_trajectories([batch])
     per_row = [build_forecast_samples(*rows[p], tok, k=3, row=p) for p in batch.index]
-    clock = time.process_time()
+    clock, wall = time.process_time(), time.perf_counter()
     actor_methods(model, turns).cope_frozen_signals(batch.sequences, batch.attention_mask, batch.action_mask, per_row,
                                                     [rows[p] for p in batch.index])
+    cpu["frozen_wall"] = time.perf_counter() - wall
     cpu["frozen"], clock = time.process_time() - clock, time.process_time()
     with block_attention(model) as build:
         forecast_step(logits_of(model), [s for row in per_row for s in row], build, next(model.parameters()).device)
@@ -248,12 +274,16 @@ def main():
     for n in args.turns:  # warm-up: every cell once (allocator, kernels; on a GPU the first call of a shape compiles)
         grpo_step(model, on_device[n])
         signals(model, tok, batches[n], n, {})
-    jobs = [(n, name) for _ in range(args.repeats) for n in args.turns for name in ("grpo", "signals")]
+        joint_step(model, tok, on_device[n])
+    jobs = [(n, name) for _ in range(args.repeats) for n in args.turns for name in ("grpo", "signals", "joint")]
     runs, part_runs = {}, {}
     for n, name in tqdm(jobs, desc="signal cost", unit="run"):
         if name == "grpo":
             b = on_device[n]
             runs.setdefault((n, name), []).append(measure(lambda: grpo_step(model, b), device))
+        elif name == "joint":
+            b = on_device[n]
+            runs.setdefault((n, name), []).append(measure(lambda: joint_step(model, tok, b), device))
         else:
             b, part_times = batches[n], {}
             runs.setdefault((n, name), []).append(measure(lambda: signals(model, tok, b, n, part_times), device))
@@ -267,28 +297,37 @@ def main():
           + ("; MiB = GPU peak" if device.type == "cuda" else ""))
     head = (f"{'turns':>5} {'tokens':>6} | {'(a) grpo s':>10} {'[min-max]':>11} {'cpu':>6} {'MiB':>6} | "
             f"{'(b) signals s':>13} {'[min-max]':>11} {'cpu':>6} {'MiB':>6} | {'b/a wall':>8} {'[min-max]':>11} "
-            f"{'cpu':>5} {'mem':>5} | {'max |dIG|':>9} {'dL_AF':>8}")
+            f"{'cpu':>5} {'mem':>5} | {'(c) joint s':>11} {'c/a wall':>8} {'mem':>5} | {'jnt/a':>7} "
+            f"{'[min-max]':>11} | {'max |dIG|':>9} {'dL_AF':>8}")
     print(head)
     print("-" * len(head))
     report = {"device": str(device), "packed_attention": packed_attention, "repeats": args.repeats, "rows": []}
     for n in args.turns:
-        a, b = runs[n, "grpo"], runs[n, "signals"]
-        # paired by repeat: each (b) ran right after its (a), so slow phases of the machine hit both
+        a, b, c = runs[n, "grpo"], runs[n, "signals"], runs[n, "joint"]
+        # paired by repeat: each (b) and (c) ran right after its (a), so slow phases of the machine hit all three
         wall = [y[0] / x[0] for x, y in zip(a, b)]
         cpu = [y[1] / x[1] for x, y in zip(a, b)]
         mem = [y[2] / x[2] if x[2] > 0 else float("nan") for x, y in zip(a, b)]
+        joint_wall = [z[0] / x[0] for x, z in zip(a, c)]
+        joint_mem = [z[2] / x[2] if x[2] > 0 else float("nan") for x, z in zip(a, c)]
+        # what every signal adds in joint mode: the frozen signals' part of (b), and (c) over (a)
+        whole = [(p["frozen_wall"] + z[0] - x[0]) / x[0] for x, z, p in zip(a, c, part_runs[n])]
         d_info, d_loss = checks[n]
         tokens = int(batches[n].attention_mask.sum(-1).max())
         print(f"{n:>5} {tokens:>6} | {median((n, 'grpo'), 0):>10.2f} {spread([x[0] for x in a]):>11} "
               f"{median((n, 'grpo'), 1):>6.1f} {median((n, 'grpo'), 2):>6.0f} | "
               f"{median((n, 'signals'), 0):>13.2f} {spread([y[0] for y in b]):>11} {median((n, 'signals'), 1):>6.1f} "
               f"{median((n, 'signals'), 2):>6.0f} | {statistics.median(wall):>8.2f} {spread(wall):>11} "
-              f"{statistics.median(cpu):>5.2f} {statistics.median(mem):>5.2f} | {d_info:>9.1e} {d_loss:>8.1e}")
+              f"{statistics.median(cpu):>5.2f} {statistics.median(mem):>5.2f} | {median((n, 'joint'), 0):>11.2f} "
+              f"{statistics.median(joint_wall):>8.2f} {statistics.median(joint_mem):>5.2f} | "
+              f"{statistics.median(whole):>7.2f} {spread(whole):>11} | {d_info:>9.1e} {d_loss:>8.1e}")
         report["rows"].append({
-            "turns": n, "tokens": tokens, **{f"{k}_{f}": median((n, k), i) for k in ("grpo", "signals")
+            "turns": n, "tokens": tokens, **{f"{k}_{f}": median((n, k), i) for k in ("grpo", "signals", "joint")
                                              for i, f in enumerate(("wall_s", "cpu_s", "mib"))},
             "signals_over_grpo_wall": statistics.median(wall), "signals_over_grpo_wall_min": min(wall),
-            "signals_over_grpo_wall_max": max(wall), "max_abs_d_info_gain": d_info, "abs_d_forecast_loss": d_loss})
+            "signals_over_grpo_wall_max": max(wall), "joint_over_grpo_wall": statistics.median(joint_wall),
+            "joint_over_grpo_mem": statistics.median(joint_mem), "signals_joint_over_grpo_wall": statistics.median(whole),
+            "max_abs_d_info_gain": d_info, "abs_d_forecast_loss": d_loss})
     print("\nCPU seconds per part of (b), as a fraction of (a)'s CPU time (medians): info gain + TE members (one call) "
           "/ forecast step")
     for n in args.turns:

@@ -46,12 +46,15 @@ over all ranks at the start of ``ppo_train``), in one of two modes (``ACTION_FOR
   the first forecast step replays most of the PPO step (its momentum) whatever the coefficient: turning the
   forecast on then nearly doubles the PPO update (tests/test_actor.py pins it).
 - ``joint``: the forecast loss joins the PPO loss inside OpenRLHF's accumulation windows, no optimizer step of
-  its own: the samples are cut into as many parts as the first PPO epoch has micro-steps, and each micro-step adds
-  its part's share (N_target over the whole rollout and all ranks), one extra forward per micro-step.
+  its own, and no forward of its own either: a row's forecast samples ride with it (under its id,
+  ``info[SIGNALS_KEY]``), and in the first PPO epoch each micro-step's training forward runs every row with its
+  samples as branches after it (``_forecast_in_forward``: one packed row per trajectory under a block mask; the
+  trunk columns are the logits OpenRLHF reads, unchanged), adding that micro-batch's share (N_target over the whole
+  rollout and all ranks). One trunk pass serves both losses (``benchmarks/signal_cost.py``, cell (c)).
 
-Either way every rank runs the same number of forecast forwards (a rank with nothing left runs a zero-weight
-stand-in), as ZeRO-3's parameter gathering requires. The separate pass must also start on a fresh accumulation
-window: ``cope_forecast_step`` counts the PPO pass's micro-steps and refuses a count that is not a multiple of the
+The separate pass runs the same number of forecast forwards on every rank (a rank with nothing left runs a
+zero-weight stand-in), as ZeRO-3's parameter gathering requires; joint mode adds no forward. The separate pass must
+also start on a fresh accumulation window: ``cope_forecast_step`` counts the PPO pass's micro-steps and refuses a count that is not a multiple of the
 window (DeepSpeed would otherwise take the PPO optimizer step inside the forecast pass, on both gradients mixed).
 
 ``cope_frozen_signals`` (no gradient, pre-update weights) returns the information-gain token rewards and the TE
@@ -69,6 +72,7 @@ one-token dummies), although ranks hold different rows: under ZeRO-3 uneven coun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -79,9 +83,10 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
 from cope_rlhf.advantage import add_info_bonus, zero_action_mask
-from cope_rlhf.branches import BlockMaskFn, block_attention
+from cope_rlhf.branches import BlockMaskFn, block_attention, contiguous_span
 from cope_rlhf.config import CoPEConfig
-from cope_rlhf.forecast import ForecastSample, build_forecast_samples, forecast_loss, load_action_format
+from cope_rlhf.forecast import (ForecastSample, build_forecast_samples, forecast_loss, load_action_format,
+                                pack_forecast_samples, packed_forecast_nll)
 from cope_rlhf.frozen_signals import frozen_signals
 from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
 from cope_rlhf.turns import unpadded_trajectories
@@ -223,11 +228,12 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
     def _cope_training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict]):
         """OpenRLHF's step, with the TE term and (joint mode) this micro-step's forecast share added to its loss."""
         ids = experience.info.pop(SIGNALS_KEY, None)
+        signals = [self.cope_signals[int(i)] for i in ids] if ids is not None else []
         te = ids is not None and self.cope.te_enable
-        members = [self.cope_signals[int(i)]["members"] for i in ids] if te else None
-        joint = self.__dict__.get("cope_joint_parts")
-        part = joint.pop(0) if joint else None
-        if not te and part is None:
+        members = [s["members"] for s in signals] if te else None
+        # joint mode: this micro-batch's rows carry their forecast samples, popped (the first PPO epoch trains them)
+        forecast = [s.pop("forecast", []) for s in signals] if "cope_joint_targets" in self.__dict__ else []
+        if not te and not any(forecast):
             return super().training_step(experience, kl_ctl, step, loss_batch_info)
         lam = te_lambda(self.cope, getattr(self, "cope_updates", 0) + 1)
         captured = {}
@@ -243,23 +249,74 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
                     kl = self._te_kl(output["logits"], members, experience.attention_mask)
                 experience.info["cope/te_kl"] = kl.detach()
                 extra = extra + lam * kl
-            if part is not None:
-                samples, n_target = part
-                share = self._forecast_share(samples, n_target)
-                self.cope_joint_loss = getattr(self, "cope_joint_loss", 0.0) + float(share.detach())
+            if any(forecast):
+                # nll is a mean over this micro-batch's targets: made a sum over the rollout's, then scaled for
+                # OpenRLHF's backward (DeepSpeed divides every loss by gas and averages gradients over ranks)
+                nll, targets = found.pop("nll"), found.pop("targets")
+                share = nll * (targets / self.cope_joint_targets) * self._dp_size() * getattr(
+                    self.strategy, "accumulated_gradient", 1)
+                self.cope_joint_loss += float(share.detach())
+                self.cope_joint_trained += sum(len(row) for row in forecast)
                 extra = extra + share
             captured["extra"] = extra
             return (actor_loss + extra, *rest)
 
         self.actor_loss_fn = loss_with_cope
         try:
-            status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+            with contextlib.ExitStack() as stack:
+                found = stack.enter_context(self._forecast_in_forward(forecast)) if any(forecast) else {}
+                status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
             hook.remove()
             self.actor_loss_fn = ppo_loss_fn
         if "extra" in captured:
             status["metrics"]["policy_loss"] = status["metrics"]["policy_loss"] - captured["extra"].detach()
         return status
+
+    @contextlib.contextmanager
+    def _forecast_in_forward(self, forecast: List[List[ForecastSample]]) -> Iterator[Dict[str, object]]:
+        """Joint mode: the policy's forward inside this block (OpenRLHF's training forward, one per micro-step)
+        also runs the forecast. Row b of the micro-batch (right-padded, as OpenRLHF collates) becomes the trunk of a
+        packed row with ``forecast[b]``'s samples as branches after it (``forecast.pack_forecast_samples``), under
+        ``_cope_attention``; the model sees the packed rows and hands back the trunk columns [0, T) as the logits
+        OpenRLHF reads (the same values: a trunk token sees only the trunk). Yields a dict that gets ``nll``
+        (coef * sum w nll / this micro-batch's target tokens, with gradient) and ``targets`` (their count)."""
+        model, found = self.actor.model, {}
+        own_forward = model.__dict__.get("forward")
+        run = model.forward
+        rows = [[dataclasses.replace(s, row=b) for s in samples] for b, samples in enumerate(forecast)]
+        temperature = getattr(self.actor, "temperature", 1.0)
+
+        def forward(input_ids, attention_mask=None, position_ids=None, **kwargs):
+            if attention_mask is None or attention_mask.dim() != 2 or len(rows) != input_ids.shape[0]:
+                raise ValueError("joint forecast: the training forward must get the micro-batch's padded rows and "
+                                 "their 2D attention mask (not --ds.packing_samples)")
+            trunks = []
+            for b in range(input_ids.shape[0]):
+                first, end = contiguous_span(attention_mask[b])
+                if first:
+                    raise ValueError("joint forecast: the micro-batch's rows must be right-padded, as OpenRLHF "
+                                     f"collates them; row {b} starts at column {first}")
+                trunks.append(input_ids[b, :end].tolist())
+            packed = pack_forecast_samples([s for row in rows for s in row], trunks, input_ids.shape[1])
+            mask = build(packed.rows)
+            out = run(packed.rows.input_ids.to(input_ids.device),
+                      attention_mask=mask.to(input_ids.device) if isinstance(mask, torch.Tensor) else mask,
+                      position_ids=packed.rows.position_ids.to(input_ids.device), **kwargs)
+            found["nll"] = packed_forecast_nll(out["logits"], packed, self.cope.action_forecast_coef, temperature)
+            found["targets"] = len(packed.labels)
+            out["logits"] = out["logits"][:, : input_ids.shape[1]]
+            return out
+
+        with self._cope_attention() as build:
+            model.forward = forward
+            try:
+                yield found
+            finally:
+                if own_forward is None:
+                    del model.forward
+                else:
+                    model.forward = own_forward
 
     def take_experience(self, experience) -> None:
         """What the CoPE signals need of an experience being appended, before the replay buffer splits it: its
@@ -283,6 +340,14 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in built.values() for s in row)
         if filtered is not None:
             experience.action_mask = zero_action_mask(experience.action_mask, filtered)
+        joint = weights is not None and self.cope.action_forecast_mode == "joint"
+        if not (te or self.cope.info_gain_enable or joint):
+            return
+        store = self.__dict__.setdefault("cope_signals", {})
+        ids = torch.arange(len(store), len(store) + len(experience.index))
+        for i, p in zip(ids.tolist(), experience.index):
+            store[i] = {"forecast": built.get(p, [])} if joint else {}
+        experience.info[SIGNALS_KEY] = ids
         if te or self.cope.info_gain_enable:
             self.attach_frozen_signals(experience, rows, built if self.cope.action_forecast_layout == "list" else {})
 
@@ -291,7 +356,8 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         TE members of its drawn trajectories (a ``TE_TRAJ_SUBSAMPLE`` fraction, drawn from ``random.Random`` seeded
         by (train.seed, the updates so far, the experience's first rollout position); list-layout samples, those in
         ``built`` reused), from one ``cope_frozen_signals`` call; kept in ``cope_signals`` with each row's gate
-        (``info[INFO_BETA_KEY]``) by per-sample id (``info[SIGNALS_KEY]``), their counts in ``cope_signal_counts``."""
+        (``info[INFO_BETA_KEY]``) under the row's id (``info[SIGNALS_KEY]``, given by ``take_experience``), their
+        counts in ``cope_signal_counts``."""
         te, info_gain = self.cope.te_enable, self.cope.info_gain_enable
         positions = list(experience.index)
         samples = trajectories = None
@@ -308,13 +374,11 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             trajectories = [rows[p] for p in positions]
         gain, members = self.cope_frozen_signals(experience.sequences, experience.attention_mask,
                                                  experience.action_mask, samples, trajectories, info_gain=info_gain)
-        store = self.__dict__.setdefault("cope_signals", {})
+        store = self.cope_signals
         # TE slots, covered slots, first-token probability x covered; info gain's scored turns
         counts = self.__dict__.setdefault("cope_signal_counts", [0.0] * 4)
-        ids = torch.arange(len(store), len(store) + len(positions))
         betas = experience.info.pop(INFO_BETA_KEY, None)
-        for b, i in enumerate(ids.tolist()):
-            store[i] = {}
+        for b, i in enumerate(experience.info[SIGNALS_KEY].tolist()):
             if info_gain:
                 store[i]["intrinsic"], store[i]["beta"] = gain[0][b], betas[b]
             if te:
@@ -325,7 +389,6 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
                 counts[2] += covered * metrics["cope/te_member_first_token_prob"]
         if info_gain:
             counts[3] += gain[1]["cope/info_turns_scored"]
-        experience.info[SIGNALS_KEY] = ids
 
     def _add_info_bonus(self) -> float:
         """A += beta_g * Â_intr on the action tokens of every replay-buffer item (``advantage.add_info_bonus``),
@@ -383,24 +446,24 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         info_mean = self._add_info_bonus() if self.cope.info_gain_enable else 0.0
         forecast = self.cope.action_forecast_enable
         forecast_count = self._rescale_forecast_weights() if forecast else 0.0
-        if forecast and self.cope.action_forecast_mode == "joint":
-            # OpenRLHF's DataLoader keeps whole micro-batches only (drop_last): that many micro-steps per epoch
-            micro_steps = len(self.replay_buffer) // self.replay_buffer.sample_batch_size
-            trained = self._forecast_samples_all_ranks()
-            self.cope_joint_parts = self._forecast_parts_with_targets(micro_steps, micro_steps)
-            self.cope_joint_loss = 0.0
-        status = super().ppo_train(kl_ctl)
+        joint = forecast and self.cope.action_forecast_mode == "joint"
+        if joint:  # the samples ride with their rows (_cope_training_step); N_target over the rollout, all ranks
+            targets = sum(sum(s.loss_mask[1:]) for s in self.__dict__.pop("cope_forecast_samples", []))
+            self.cope_joint_targets = max(float(self._all_reduce(torch.tensor([float(targets)]), "sum")[0]), 1.0)
+            self.cope_joint_loss, self.cope_joint_trained = 0.0, 0
+        try:
+            status = super().ppo_train(kl_ctl)
+        finally:
+            self.__dict__.pop("cope_joint_targets", None)
         self.cope_updates = getattr(self, "cope_updates", 0) + 1
         if forecast:
             status["cope/forecast_samples"] = forecast_count
         if self.cope.te_enable or self.cope.info_gain_enable:
             status.update(self._signals_status(info_mean))
-        if forecast and self.cope.action_forecast_mode == "joint":
-            leftover = self.__dict__.pop("cope_joint_parts", [])
-            if any(samples for samples, _ in leftover):
-                raise RuntimeError(f"joint forecast: {len(leftover)} parts were not trained (fewer PPO micro-steps "
-                                   "than planned)")
-            status.update({**self._forecast_status(self.__dict__.pop("cope_joint_loss", 0.0), 1),
+        self.__dict__.pop("cope_signals", None)
+        if joint:
+            trained = float(self._all_reduce(torch.tensor([float(self.cope_joint_trained)]), "sum")[0])
+            status.update({**self._forecast_status(self.cope_joint_loss, 1),
                            "cope/forecast_samples_trained": trained, "cope/forecast_optimizer_steps": 0.0})
         elif forecast:
             status.update(self.cope_forecast_step())
@@ -416,11 +479,6 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             for s in samples:
                 s.weight *= count / total
         return count
-
-    def _forecast_samples_all_ranks(self) -> float:
-        """How many forecast samples the ranks hold together (``cope/forecast_samples_trained``)."""
-        return float(self._all_reduce(torch.tensor([float(len(self.__dict__.get("cope_forecast_samples", [])))]),
-                                      "sum")[0])
 
     def _forecast_parts_with_targets(self, count: int, per_window: int) -> List[Tuple[List[ForecastSample], float]]:
         """This rank's forecast samples (then forgotten) cut into ``count`` parts, each with the target-token count
@@ -485,7 +543,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         mini = self.cope.sft_mini_batch_size or getattr(self.args.train, "batch_size", None) or 0
         per_rank = -(-mini // dp_size) if mini else max(count, 1)
         steps = int(self._all_reduce(torch.tensor([float(-(-count // per_rank))]), "max")[0])
-        trained = self._forecast_samples_all_ranks()
+        trained = float(self._all_reduce(torch.tensor([float(count)]), "sum")[0])
         if steps == 0:
             self.__dict__.pop("cope_forecast_samples", None)
             return {"cope/forecast_loss": 0.0, "cope/forecast_samples_trained": 0.0,

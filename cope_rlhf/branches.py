@@ -57,13 +57,13 @@ class PackedRows:
 
 
 def pack_rows(
-    trunks: Sequence[Sequence[int]], branches: Sequence[Sequence[Branch]], pad_token_id: int = 0
+    trunks: Sequence[Sequence[int]], branches: Sequence[Sequence[Branch]], pad_token_id: int = 0, width: int = 0
 ) -> PackedRows:
-    """One right-padded row per trunk; the trunk sits at positions 0, 1, ..."""
+    """One right-padded row per trunk, at least ``width`` columns wide; the trunk sits at positions 0, 1, ..."""
     if len(trunks) != len(branches):
         raise ValueError(f"{len(trunks)} trunks but {len(branches)} branch lists: give one list per trunk")
     lengths = [len(t) + sum(len(b.tokens) for b in bs) for t, bs in zip(trunks, branches)]
-    width = max(lengths, default=0)
+    width = max([width, *lengths])
     shape = (len(trunks), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
     position_ids = torch.zeros(shape, dtype=torch.long)

@@ -241,19 +241,24 @@ def forecast_weights(
 
 
 def trajectory_branches(
-    samples: Sequence[ForecastSample], ends: Optional[Sequence[int]] = None
+    samples: Sequence[ForecastSample], ends: Optional[Sequence[int]] = None,
+    trunks: Optional[Sequence[Sequence[int]]] = None,
 ) -> List[Tuple[List[int], List[int], List[Branch]]]:
     """Branch packing of forecast samples, per trajectory (``sample.row``): the indices of its samples, its trunk
-    (the longest ``input_ids[:prefix_len]`` among them, the trajectory's own tokens) and one branch per sample,
+    (the longest ``input_ids[:prefix_len]`` among them, the trajectory's own tokens; or, given ``trunks``, trunk
+    ``sample.row`` of them, one group per trunk in their order, with or without samples) and one branch per sample,
     ``input_ids[prefix_len:end]`` at positions ``prefix_len, ...``, seeing the trunk's first ``prefix_len``
     tokens. ``ends[i]`` cuts sample i (default: its length)."""
-    groups: Dict[int, List[int]] = {}
+    groups: Dict[int, List[int]] = {r: [] for r in range(len(trunks))} if trunks is not None else {}
     for i, s in enumerate(samples):
         groups.setdefault(s.row, []).append(i)
     out = []
-    for members in groups.values():
-        longest = max(members, key=lambda i: samples[i].prefix_len)
-        trunk = samples[longest].input_ids[: samples[longest].prefix_len]
+    for row, members in groups.items():
+        if trunks is not None:
+            trunk = list(trunks[row])
+        else:
+            longest = max(members, key=lambda i: samples[i].prefix_len)
+            trunk = samples[longest].input_ids[: samples[longest].prefix_len]
         branches = []
         for i in members:
             s = samples[i]
@@ -282,11 +287,13 @@ class PackedForecast:
     weights: torch.Tensor  # (N,) their sample's weight
 
 
-def pack_forecast_samples(samples: Sequence[ForecastSample]) -> PackedForecast:
-    """Forecast samples as branches off their trajectories (``trajectory_branches``), one packed row per
-    trajectory, with every target token's label, weight and the place of the logits that predict it."""
-    groups = trajectory_branches(samples)
-    rows = pack_rows([trunk for _, trunk, _ in groups], [branches for _, _, branches in groups])
+def pack_forecast_samples(samples: Sequence[ForecastSample], trunks: Optional[Sequence[Sequence[int]]] = None,
+                          width: int = 0) -> PackedForecast:
+    """Forecast samples as branches off their trajectories (``trajectory_branches``; with ``trunks``, off row
+    ``sample.row`` of them: joint mode's PPO micro-batch), one packed row per trajectory, at least ``width``
+    columns wide, with every target token's label, weight and the place of the logits that predict it."""
+    groups = trajectory_branches(samples, trunks=trunks)
+    rows = pack_rows([trunk for _, trunk, _ in groups], [branches for _, _, branches in groups], width=width)
     places = {i: (r, b) for r, (members, _, _) in enumerate(groups) for b, i in enumerate(members)}
     index, labels, weights = [], [], []
     for i, s in enumerate(samples):
@@ -302,12 +309,14 @@ def pack_forecast_samples(samples: Sequence[ForecastSample]) -> PackedForecast:
     return PackedForecast(rows, index, cat(labels, dtype=torch.long), cat(weights))
 
 
-def packed_forecast_nll(logits: torch.Tensor, packed: PackedForecast, coef: float = 1.0) -> torch.Tensor:
-    """L_AF from the logits of the packed rows (``logit_index`` points at the logits that predict each label)."""
+def packed_forecast_nll(logits: torch.Tensor, packed: PackedForecast, coef: float = 1.0,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """L_AF from the logits of the packed rows (``logit_index`` points at the logits that predict each label),
+    divided by the rollout ``temperature`` (as OpenRLHF's ``Actor.forward`` divides the policy's)."""
     if len(packed.labels) == 0:
         return logits.sum() * 0.0
     index = packed.logit_index.to(logits.device)
-    log_probs = torch.log_softmax(logits[index[:, 0], index[:, 1]].float(), dim=-1)
+    log_probs = torch.log_softmax(logits[index[:, 0], index[:, 1]].float() / temperature, dim=-1)
     token_nll = -log_probs.gather(-1, packed.labels.to(logits.device).unsqueeze(-1)).squeeze(-1)
     return coef * (packed.weights.to(logits.device) * token_nll).sum() / len(packed.labels)
 

@@ -622,19 +622,32 @@ def test_separate_forecast_step_replays_the_ppo_step_joint_does_not(model_dir, t
     assert joint_status["cope/forecast_loss"] > 0
 
 
-def test_joint_mode_adds_the_forecast_gradient_to_the_ppo_step(model_dir, tok, monkeypatch, on_cpu):
-    """Joint mode, SGD: the one update equals PPO's plus lr * grad(coef * L_AF) at the pre-update weights (one
-    micro-step, one window), and the logged policy loss stays OpenRLHF's."""
+@pytest.mark.parametrize("micro_batch", [4, 2, 1])
+def test_joint_mode_adds_the_forecast_gradient_to_the_ppo_step(micro_batch, model_dir, tok, monkeypatch, on_cpu):
+    """Joint mode, SGD, one window of 4 / micro_batch micro-steps: the update equals PPO's plus lr * grad(coef *
+    L_AF) at the pre-update weights, and the logged policy loss stays OpenRLHF's. The forecast rides in PPO's own
+    forward: one model forward per micro-step (the packed rows' layout mask, wider than the micro-batch)."""
     coef = ["--cope.action_forecast_enable", "--cope.action_forecast_gate", "all", "--cope.action_forecast_coef", "0.5"]
-    args = cli_args(*coef, "--cope.action_forecast_mode", "joint")
-    stock = make_trainer(ActorPPOTrainer, cli_args(), model_dir, tok, monkeypatch)
+    size = ["--train.micro_batch_size", str(micro_batch)]
+    args = cli_args(*coef, "--cope.action_forecast_mode", "joint", *size)
+    stock = make_trainer(ActorPPOTrainer, cli_args(*size), model_dir, tok, monkeypatch)
     trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    for t in (stock, trainer):
+        t.strategy = AccumulatingStrategy(t.args, 4 // micro_batch)
     reference = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
     batch = mixed_batch(tok, model_dir, [1.0, 0.0, 1.0, 0.0])  # PPO gradients that do not cancel
     before = params(trainer)
     experience, samples = with_forecast_weights(batch, tok, args)
     stock_status = train_once(stock, batch)
+    forwards = []  # what the transformer itself is handed, once per forward
+    trainer.actor.model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: forwards.append((kwargs["attention_mask"].dim(), *kwargs["input_ids"].shape)),
+        with_kwargs=True)
     status = train_once(trainer, experience)
+    assert len(forwards) == 4 // micro_batch
+    assert all(dims == 4 and rows == micro_batch for dims, rows, _ in forwards)
+    assert sum(width for _, _, width in forwards) > experience.sequences.shape[1] * 4 // micro_batch  # + branches
+    assert status["cope/forecast_samples_trained"] == len(samples) and status["cope/forecast_optimizer_steps"] == 0
     reference.actor.train()
     loss = reference._forecast_share(samples, float(sum(sum(s.loss_mask[1:]) for s in samples)))
     loss.backward()

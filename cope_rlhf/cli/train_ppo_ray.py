@@ -105,11 +105,14 @@ def combination_error(args: argparse.Namespace) -> Optional[str]:
     if config.action_forecast_enable and getattr(args, "train.dynamic_batch_enable", False):
         # DeepSpeed's accumulation window is 1 under dynamic batching (OpenRLHF picks its optimizer steps itself):
         # the separate pass, cut into train.batch_size-sized windows, would take one optimizer step per micro-batch
-        return ("--cope.action_forecast_enable needs fixed micro-batches: joint mode spreads the forecast over PPO's "
-                "micro-steps, which dynamic batching makes unknown in advance, and the separate pass is cut into "
-                "DeepSpeed's fixed accumulation windows, which dynamic batching turns off: drop "
-                "--train.dynamic_batch_enable")
+        return ("--cope.action_forecast_enable needs fixed micro-batches: joint mode scales each micro-step's "
+                "forecast share for DeepSpeed's fixed accumulation window, and the separate pass is cut into such "
+                "windows, which dynamic batching turns off: drop --train.dynamic_batch_enable")
     if config.action_forecast_enable and config.action_forecast_mode == "joint":
+        if getattr(args, "ds.packing_samples", False):
+            return ("--cope.action_forecast_mode joint runs each row's forecast samples as branches after it in PPO's "
+                    "own forward, which needs the micro-batch's padded rows: drop --ds.packing_samples, or use "
+                    "--cope.action_forecast_mode separate")
         if config.action_forecast_lr_scale != 1.0 or config.sft_mini_batch_size != 0:
             return ("--cope.action_forecast_lr_scale and --cope.sft_mini_batch_size set the separate forecast "
                     "update; in --cope.action_forecast_mode joint the forecast has no optimizer step of its own (its "
