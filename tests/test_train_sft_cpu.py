@@ -1,4 +1,4 @@
-"""``python -m cope_rlhf.cli.train_sft``: OpenRLHF's own SFT trainer (DeepSpeed, ZeRO-2, bf16) on this CPU host, one
+"""``python -m cope_rlhf.cli.train_sft``: OpenRLHF's own SFT trainer (DeepSpeed, ZeRO-2, fp32) on this CPU host, one
 process without a launcher: one epoch on BabyAI expert demos (``conftest.warm_model``'s) lowers the tiny model's loss
 on the demos' agent replies, and a flag that cannot run on CPU is refused with exit code 2."""
 
@@ -45,7 +45,7 @@ def test_openrlhf_sft_trains_on_cpu(warm_model, tmp_path):
     done = sft("--model.model_name_or_path", start, "--data.dataset", demos, "--data.input_key", "messages",
                "--data.apply_chat_template", "--data.multiturn", "--data.max_len", "2048",
                "--train.micro_batch_size", "8", "--train.batch_size", "8", "--train.max_epochs", "1",
-               "--adam.lr", "2e-3", "--ds.attn_implementation", "sdpa", "--ds.param_dtype", "bf16",
+               "--adam.lr", "2e-3", "--ds.attn_implementation", "sdpa", "--ds.param_dtype", "fp32",
                "--ckpt.output_dir", str(tmp_path / "out"), "--ckpt.path", str(tmp_path / "ckpt"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     before, after = reply_nll(start, demos), reply_nll(str(tmp_path / "out"), demos)

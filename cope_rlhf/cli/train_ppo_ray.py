@@ -59,12 +59,18 @@ def _run_openrlhf_cli(parse_args) -> None:
         argparse.ArgumentParser.parse_args = original
 
 
+def accept_fp32_on_cpu(parser: argparse.ArgumentParser) -> None:
+    """On a host without CUDA, OpenRLHF's ``--ds.param_dtype`` (bf16 / fp16) also takes fp32, which the CPU mode
+    trains in (``cpu_cluster.convert_to_torch_dtype_with_fp32``): bf16 matmuls are ~9x slower on a CPU without
+    AVX512-BF16 / AMX (docs/results/cpu_param_dtype.md). For ``train_ppo_ray`` and ``train_sft`` alike."""
+    dtype = next((a for a in parser._actions if a.dest == "ds.param_dtype"), None)
+    if dtype is not None and not torch.cuda.is_available() and "fp32" not in dtype.choices:
+        dtype.choices = [*dtype.choices, "fp32"]
+
+
 def _with_cope_group(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_cope_args(parser)
-    if not torch.cuda.is_available():  # the CPU mode trains in fp32 too (cpu_cluster.convert_to_torch_dtype_with_fp32)
-        dtype = next(a for a in parser._actions if a.dest == "ds.param_dtype")
-        if "fp32" not in dtype.choices:
-            dtype.choices = [*dtype.choices, "fp32"]
+    accept_fp32_on_cpu(parser)
     return parser
 
 
