@@ -54,8 +54,9 @@ over all ranks at the start of ``ppo_train``), in one of two modes (``ACTION_FOR
 
 The separate pass runs the same number of forecast forwards on every rank (a rank with nothing left runs a
 zero-weight stand-in), as ZeRO-3's parameter gathering requires; joint mode adds no forward. The separate pass must
-also start on a fresh accumulation window: ``cope_forecast_step`` counts the PPO pass's micro-steps and refuses a count that is not a multiple of the
-window (DeepSpeed would otherwise take the PPO optimizer step inside the forecast pass, on both gradients mixed).
+also start on a fresh accumulation window: ``cope_forecast_step`` counts the PPO pass's micro-steps and refuses a
+count that is not a multiple of the window (DeepSpeed would otherwise take the PPO optimizer step inside the
+forecast pass, on both gradients mixed).
 
 ``cope_frozen_signals`` (no gradient, pre-update weights) returns the information-gain token rewards and the TE
 members of a batch, from ``frozen_signals.frozen_signals``: one packed forward per trajectory, its turns and
