@@ -160,14 +160,21 @@ def grpo_step(model, batch: Experience, forecast: dict = None):
     return float(loss.detach())
 
 
-def joint_step(model, tok, batch: Experience) -> float:
-    """(c): (a) with the forecast riding in its forward, through the policy actor's own ``_forecast_in_forward``."""
+def joint_trainer(model) -> CoPEActorPPOTrainer:
+    """The policy actor's trainer around the benchmark model, joint forecast on (built once, outside the clock)."""
     trainer = object.__new__(CoPEActorPPOTrainer)
     trainer.actor = Actor(model)
     trainer.actor.packing_samples = False
     trainer.args = hierarchize(build_parser().parse_args(["--cope.action_forecast_enable", "--cope.action_forecast_mode",
                                                           "joint"]))
     trainer.strategy = SimpleNamespace(args=trainer.args)
+    return trainer
+
+
+def joint_step(trainer: CoPEActorPPOTrainer, tok, batch: Experience) -> float:
+    """(c): (a) with the forecast riding in its forward, through the policy actor's own ``_forecast_in_forward``
+    (the forecast samples built first, as the actor builds them when the experience arrives)."""
+    model = trainer.actor.model
     rows = unpadded_trajectories([batch])
     per_row = [build_forecast_samples(*rows[p], tok, k=3, row=p) for p in batch.index]
     with trainer._forecast_in_forward(per_row) as found:
@@ -271,10 +278,11 @@ def main():
     # The signals take the batch where the experience maker hands it over (host memory; the actor's code moves
     # what it runs); the GRPO step reads it where the model is, as the trainer's update does.
     on_device = {n: copy.copy(b).to_device(device) if device.type == "cuda" else b for n, b in batches.items()}
+    trainer = joint_trainer(model)
     for n in args.turns:  # warm-up: every cell once (allocator, kernels; on a GPU the first call of a shape compiles)
         grpo_step(model, on_device[n])
         signals(model, tok, batches[n], n, {})
-        joint_step(model, tok, on_device[n])
+        joint_step(trainer, tok, on_device[n])
     jobs = [(n, name) for _ in range(args.repeats) for n in args.turns for name in ("grpo", "signals", "joint")]
     runs, part_runs = {}, {}
     for n, name in tqdm(jobs, desc="signal cost", unit="run"):
@@ -283,7 +291,7 @@ def main():
             runs.setdefault((n, name), []).append(measure(lambda: grpo_step(model, b), device))
         elif name == "joint":
             b = on_device[n]
-            runs.setdefault((n, name), []).append(measure(lambda: joint_step(model, tok, b), device))
+            runs.setdefault((n, name), []).append(measure(lambda: joint_step(trainer, tok, b), device))
         else:
             b, part_times = batches[n], {}
             runs.setdefault((n, name), []).append(measure(lambda: signals(model, tok, b, n, part_times), device))
