@@ -1,7 +1,7 @@
 """Gateway throughput and latency against the alternatives, in one run (run by hand; not a test).
 
 For a null backend (instant answers) and a backend with D ms of simulated work per reset/step (the fake
-AgentGym server of tests/agentgym_fake_backend.py, one process), at 1, 64, 256 and 1024 concurrent
+AgentGym server of env_gateway/fake_backend.py, one process), at 1, 64, 256 and 1024 concurrent
 episodes (create, reset, S steps, close), it measures episodes/s and p50/p99 step latency of:
 
   (a) gateway   our GatewayClient through the gateway (python -m env_gateway, its own process)
@@ -10,16 +10,18 @@ episodes (create, reset, S steps, close), it measures episodes/s and p50/p99 ste
   (d) fresh     a fresh aiohttp.ClientSession per request (OpenRLHF's reward-function example)
   (e) bare      our GatewayClient through benchmarks/bare_proxy.py: the gateway's request path without any of its
                 guarantees (admission control, deadlines, failure handling, metrics), i.e. what those cost
+  (f) aiohttp   our GatewayClient through the gateway with aiohttp's ClientSession as its backend transport instead of
+                env_gateway/http1.py (benchmarks/aiohttp_gateway.py): what the hand-written client is worth
 
 Every cell first runs one untimed episode per concurrent worker (each method opens its connections and warms its
 code paths), then times max(waves x concurrency, min-episodes) episodes. Every observation is checked against the
 episode's item (no cross-talk), and the backend's own counts of
 create/reset/step/close calls must equal what the clients sent (no request lost or duplicated). Prints the
 table (with the CPU time each process spent per request, which other load on the machine does not skew),
-the ratios a/c, a/b, a/d and a/e, and the gateway-added latency: the gateway's own p50 (its
+the ratios a/c, a/b, a/d, a/e and a/f, and the gateway-added latency: the gateway's own p50 (its
 cope_gateway_overhead_seconds histogram) and the client-seen difference p50(a) - p50(b).
 
-With ``--repeats R`` every cell runs R times, the methods interleaved (a b c d e, a b c d e, ...), so slow spells of
+With ``--repeats R`` every cell runs R times, the methods interleaved (a b c d e f, a b c d e f, ...), so slow spells of
 the machine hit every method alike; the ratios are then the median over the R paired runs, with their range.
 
     .venv/bin/python benchmarks/gateway_bench.py [--waves 2] [--concurrency 1 64 256 1024] [--delays 0 0.005]
@@ -54,10 +56,11 @@ sys.path.insert(0, ROOT)
 
 from env_gateway.client import GatewayClient  # noqa: E402
 from env_gateway.servers.process import wait_listening  # noqa: E402
-from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, observation_text  # noqa: E402
+from env_gateway.fake_backend import FakeBackendProcess, expected_action, observation_text  # noqa: E402
 
 TIMEOUT = 120.0
-METHODS = ("gateway", "direct", "requests", "fresh", "bare")
+METHODS = ("gateway", "direct", "requests", "fresh", "bare", "aiohttp")
+PROXIES = ("gateway", "bare", "aiohttp")  # the methods with a process between client and backend
 
 
 def expected_obs(item: int, t: int, steps: int) -> str:
@@ -169,7 +172,7 @@ async def run_async(method: str, conc: int, episodes: int, steps: int, backend: 
 
     async def worker(ep: Episodes) -> None:
         while ep.take():
-            if method in ("gateway", "bare"):
+            if method in PROXIES:
                 await episode_gateway(client, ep, steps)
             elif method == "direct":
                 await episode_direct(direct.http(), backend, ep, steps)
@@ -246,21 +249,23 @@ def histogram_p50(before: dict[float, float], after: dict[float, float]) -> floa
 
 
 class GatewayProc:
-    """The gateway (python -m env_gateway), or with ``bare`` the reference proxy, in its own process, on the port it
-    bound (``--port 0``; its log names it)."""
+    """The process between client and backend of a ``PROXIES`` method: the gateway (python -m env_gateway), the
+    reference proxy (``bare``) or the gateway on aiohttp's client (``aiohttp``), on the port it bound (``--port 0``;
+    its log names it)."""
 
     LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 
-    def __init__(self, backend: str, bare: bool = False):
-        argv = ([os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", "0", "--backend", backend]
-                if bare else
-                ["-m", "env_gateway", "--port", "0", "--env", f"bench:agentgym={backend}",
-                 "--max-concurrency", "100000", "--max-sessions", "100000", "--max-queue", "100000",
-                 "--log-level", "INFO"])  # INFO: the listening line; per-request logging is DEBUG
+    def __init__(self, backend: str, method: str = "gateway"):
+        flags = ["--port", "0", "--env", f"bench:agentgym={backend}", "--max-concurrency", "100000",
+                 "--max-sessions", "100000", "--max-queue", "100000",
+                 "--log-level", "INFO"]  # INFO: the listening line; per-request logging is DEBUG
+        argv = {"gateway": ["-m", "env_gateway", *flags],
+                "aiohttp": [os.path.join(ROOT, "benchmarks", "aiohttp_gateway.py"), *flags],
+                "bare": [os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", "0", "--backend", backend]}[method]
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = wait_listening(self.proc, self.log, self.LISTENING, lambda url: bool(fetch(url + "/v1/health")),
-                                  "the bare proxy" if bare else "the gateway", timeout=60)
+                                  f"the {method} proxy", timeout=60)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -288,13 +293,14 @@ def main() -> None:
     bar = tqdm(total=len(cells), desc="cells")
     for delay in args.delays:
         with FakeBackendProcess("--delay", str(delay), "--episode-len", str(args.steps)) as backend:
-            gw = GatewayProc(backend.url)
-            bare = GatewayProc(backend.url, bare=True) if "bare" in args.methods else None
+            # the gateway always runs: its histogram gives the gateway-added latency
+            procs = {m: GatewayProc(backend.url, m) for m in PROXIES if m == "gateway" or m in args.methods}
+            gw = procs["gateway"]
             try:
                 for conc, rep, method in itertools.product(args.concurrency, range(args.repeats), args.methods):
                     bar.set_postfix_str(f"delay={delay * 1000:g}ms conc={conc} run {rep + 1} {method}")
                     mark = {}
-                    proxy = bare if method == "bare" else gw  # the "gateway" CPU column: the process in between
+                    proxy = procs.get(method, gw)  # the "gateway" CPU column: the process in between
 
                     def start() -> None:  # after the warm-up: the timed part starts here
                         mark["before"] = backend.stats()
@@ -326,9 +332,8 @@ def main() -> None:
                     rows.append(row)
                     bar.update()
             finally:
-                gw.stop()
-                if bare is not None:
-                    bare.stop()
+                for proc in procs.values():
+                    proc.stop()
     bar.close()
 
     print(f"\n{args.steps}-step episodes; max({args.waves:g} x concurrency, {args.min_episodes}) episodes per cell; "
@@ -359,7 +364,8 @@ def main() -> None:
             if (delay * 1000, conc, 0, "gateway") not in by:
                 continue
             parts = [f"{delay * 1000:>4g}ms conc={conc:>4}:"]
-            for m, label in (("requests", "a/c"), ("direct", "a/b"), ("fresh", "a/d"), ("bare", "a/e")):
+            for m, label in (("requests", "a/c"), ("direct", "a/b"), ("fresh", "a/d"), ("bare", "a/e"),
+                             ("aiohttp", "a/f")):
                 ratio = paired(delay * 1000, conc, m, lambda a, o: a["eps_per_s"] / o["eps_per_s"])
                 if ratio:
                     parts.append(f"{label} = {ratio}x")

@@ -52,10 +52,12 @@ from types import SimpleNamespace
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
 import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF importable on CPU)
 from openrlhf.models import Actor  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 from openrlhf.utils.config import hierarchize  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
@@ -67,7 +69,7 @@ from cope_rlhf.forecast import build_forecast_samples, forecast_loss  # noqa: E4
 from cope_rlhf.frozen_signals import frozen_signals  # noqa: E402
 from cope_rlhf.info_gain import position_ids_for  # noqa: E402
 from cope_rlhf.turns import unpadded_trajectories  # noqa: E402
-from tests.tiny_hf import agent_response, tiny_tokenizer, to_experience  # noqa: E402
+from make_tiny_model import build_tokenizer, trainer_text  # noqa: E402
 
 WORDS = ("you see a red ball blue key door table room cabinet drawer open closed nothing happens inventory "
          "craft stick oak planks bone move forward turn left right go to pick up toggle through").split()
@@ -76,12 +78,25 @@ ACTIONS = ["look around", "pick up key", "open door", "go to red ball 1", "toggl
 
 
 def trajectory(tok, turns: int, seed: int) -> Experience:
-    """Observations of ~40 words, actions with a ~15-word thought: ~150 tokens per turn with the tiny tokenizer."""
+    """Observations of ~40 words, actions with a ~15-word thought: ~150 tokens per turn with ``main``'s tokenizer. Built as
+    OpenRLHF's MultiTurnAgentExecutor returns a conversation (the prompt through the chat template, each reply's tokens
+    and <|im_end|>, the feedback rendered as a user turn and the next assistant header) and turned into an Experience
+    by OpenRLHF's own conversion."""
     rng = random.Random(seed)
     sentence = lambda n: " ".join(rng.choice(WORDS) for _ in range(n)) + "."  # noqa: E731
-    observations = [sentence(40) for _ in range(turns + 1)]
-    actions = [f"Thought:\n{sentence(15)}\n\nAction:\n{rng.choice(ACTIONS)}" for _ in range(turns)]
-    return to_experience(agent_response(tok, observations, actions), max_len=1 << 20)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    user_turn = lambda text: tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,  # noqa: E731
+                                                     add_generation_prompt=True)
+    tokens, ranges = ids(user_turn(sentence(40))), []
+    for _ in range(turns):
+        start = len(tokens)
+        tokens += ids(f"Thought:\n{sentence(15)}\n\nAction:\n{rng.choice(ACTIONS)}") + [tok.eos_token_id]
+        ranges.append((start, len(tokens)))
+        tokens += ids("\n" + user_turn(sentence(40)))
+    response = {"prompt": "", "label": "", "observation_tokens": tokens, "action_ranges": ranges, "reward": 0.0,
+                "scores": 0.0, "rollout_log_probs": None, "truncated": False, "extra_logs": {}}
+    return object.__new__(SamplesGenerator)._process_response_into_experience(response, max_len=1 << 20)
+
 
 
 def small_model(vocab: int, hidden: int, layers: int) -> Qwen2ForCausalLM:
@@ -253,7 +268,7 @@ def main():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=0, help="LM-head width (default: the tiny tokenizer's); a "
+    parser.add_argument("--vocab", type=int, default=0, help="LM-head width (default: the tokenizer's); a "
                         "real model's 150k makes the logits dominate memory")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where the model runs (cuda: the packed path uses flex attention, memory = GPU peak)")
@@ -266,7 +281,9 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: PyTorch sees no GPU here")
     device = torch.device(args.device)
-    tok = tiny_tokenizer()
+    # A byte-level BPE of the words the trajectories are drawn from and the trainer's prompt text; 430 entries give ~87
+    # tokens per observation and ~49 per reply, the sizes of the results in docs/results/signal_cost_cpu.md.
+    tok = build_tokenizer(trainer_text() + list(WORDS) + ACTIONS, vocab_size=430)
     vocab = max(args.vocab, len(tok))
     model = small_model(vocab, args.hidden, args.layers).to(device)
     with block_attention(model):  # what the packed path will run on this device (flex attention on a GPU)

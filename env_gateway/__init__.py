@@ -10,5 +10,6 @@ own protocol (AgentGym's, or the gym-style chat protocol) to a pool of replicas.
 Modules: ``server`` (the service: routing, admission control, deadlines, failure handling),
 ``adapters`` (one small class per backend protocol), ``client`` (``GatewayClient`` for agent funcs),
 ``config`` (flags and YAML), ``spawn`` (replicas the gateway starts and restarts), ``metrics``
-(Prometheus), ``http1`` (the lean keep-alive HTTP client the gateway uses towards backends).
+(Prometheus), ``http1`` (the lean keep-alive HTTP client the gateway uses towards backends), ``fake_backend``
+(a stand-in env server speaking every protocol variant the adapters know: load tests and plumbing checks).
 """

@@ -1,20 +1,32 @@
 """The tests' side of the built-in env servers: ``EnvServerProcess`` and ``call`` (env_gateway/servers/process.py,
 shared with the scripts), episode helpers that drive the AgentGym protocol (``expert_episode``, ``replay``,
 ``check_no_cross_talk``, ``check_crafted_actions``), and pytest helpers (``require_venv``, ``server_fixture``) that
-skip with a clear reason when a server's venv has not been built.
+skip with a clear reason when a server's venv has not been built, and ports (``refusing_port``, ``free_port``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 from env_gateway.servers.process import (ROOT, EnvServerProcess, call, log_tail, stop_process,  # noqa: F401
                                        venv_python)
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[socket.socket]:
+    """A socket bound to a free port of 127.0.0.1 and not listening: while it is held, a connection there is refused
+    (an address where nothing listens) and no other process can take the port. ``listen()`` on it (or hand it to a
+    server) to serve there."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s
 
 
 def free_port() -> int:

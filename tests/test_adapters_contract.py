@@ -259,7 +259,7 @@ def test_appworld_code_actions_and_evaluation(answer, reward, success, monkeypat
 def play_partial(replies: list[str], monkeypatch, max_turns: int | None = None) -> tuple[dict, list]:
     """BabyAI's agent func (reward passed through) on the fake AgentGym backend with partial rewards (0.2 per right
     action of 5): (the executor's result, the per-turn rewards it summed)."""
-    from tests.agentgym_fake_backend import running
+    from env_gateway.fake_backend import running
 
     tok = tiny_tokenizer()
     for name in AGENT_ENV_VARS:
@@ -289,7 +289,7 @@ def play_partial(replies: list[str], monkeypatch, max_turns: int | None = None) 
 
 def test_per_turn_rewards_are_the_change_of_the_score(monkeypatch):
     """Rewards 0.2 at each right action: each turn reports its change, and the executor's sum is the score."""
-    from tests.agentgym_fake_backend import expected_action
+    from env_gateway.fake_backend import expected_action
 
     right = [react(expected_action(7, t)) for t in range(5)]
     result, turn_rewards = play_partial([right[0], react("move 9"), *right[2:]], monkeypatch)
@@ -300,7 +300,7 @@ def test_per_turn_rewards_are_the_change_of_the_score(monkeypatch):
 
 def test_an_episode_the_env_fails_scores_0_whatever_it_had_earned(monkeypatch):
     """Two right actions (0.4 earned), then the env server fails: the episode's reward is 0, not 0.4."""
-    from tests.agentgym_fake_backend import expected_action
+    from env_gateway.fake_backend import expected_action
 
     result, turn_rewards = play_partial([react(expected_action(7, 0)), react(expected_action(7, 1)), react("crash")],
                                         monkeypatch)
@@ -313,7 +313,7 @@ def test_eval_counts_success_as_the_agent_funcs_success_not_a_positive_reward(mo
     """Cut by the turn limit after 2 right actions: reward 0.4, not done, so not a success."""
     import importlib.util
 
-    from tests.agentgym_fake_backend import running
+    from env_gateway.fake_backend import running
 
     spec = importlib.util.spec_from_file_location("script_eval", os.path.join(ROOT, "scripts", "eval.py"))
     ev = importlib.util.module_from_spec(spec)

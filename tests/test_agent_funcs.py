@@ -26,8 +26,7 @@ from cope_rlhf.chat_format import parse_react_action
 from cope_rlhf.forecast import ReActFormat
 from tests.agent_funcs_stack import (AGENT_ENV_VARS, TEST_GATEWAY_FLAGS, ScriptedEngine, expert_rollout, load_agent_func,
                                      react, run_episode, server_module_exists)
-from tests.agentgym_fake_backend import refusing_port
-from tests.env_server_proc import EnvServerProcess, call, venv_python
+from tests.env_server_proc import EnvServerProcess, call, refusing_port, venv_python
 from tests.gateway_proc import GatewayProcess
 
 # env -> (item id, server args): short expert episodes, so the module stays fast

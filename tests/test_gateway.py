@@ -1,4 +1,4 @@
-"""The gateway and its client against fake AgentGym backends (tests/agentgym_fake_backend.py), over real
+"""The gateway and its client against fake AgentGym backends (env_gateway/fake_backend.py), over real
 sockets on 127.0.0.1: episodes, the per-replica cap under 500 concurrent sessions, overload answers, timeouts,
 a replica killed mid-run, retry of creates, TTL reaping, every bad input, and /metrics."""
 
@@ -20,8 +20,9 @@ from env_gateway.client import (BackendFailed, BadRequest, GatewayClient, Gatewa
                                 SessionGone)
 from env_gateway.adapters import BackendError
 from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
+from env_gateway.fake_backend import FakeBackendProcess, expected_action, running
 from env_gateway.server import Gateway
-from tests.agentgym_fake_backend import FakeBackendProcess, expected_action, refusing_port, running
+from tests.env_server_proc import refusing_port
 
 pytestmark = pytest.mark.timeout(60)
 

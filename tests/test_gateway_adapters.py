@@ -8,7 +8,7 @@ import pytest
 from env_gateway.adapters import ADAPTERS, Adapter, load_adapter
 from env_gateway.client import BadRequest, GatewayClient, Overloaded
 from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
-from tests.agentgym_fake_backend import expected_action, running
+from env_gateway.fake_backend import expected_action, running
 from tests.test_gateway import gateway, run
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from env_gateway.client import GatewayClient
-from tests.agentgym_fake_backend import ROOT, FakeBackendProcess
+from env_gateway.fake_backend import ROOT, FakeBackendProcess
 from tests.env_server_proc import EnvServerProcess, venv_python
 from tests.gateway_proc import GatewayProcess
 from tests.test_gateway import gateway, play, run
@@ -54,7 +54,7 @@ def test_config_file_episode_and_clean_shutdown(tmp_path):
 
 
 def test_spawned_replicas_restart_after_dying():
-    cmd = f"{sys.executable} -m tests.agentgym_fake_backend --host 127.0.0.1 --port {{port}} --episode-len 2"
+    cmd = f"{sys.executable} -m env_gateway.fake_backend --host 127.0.0.1 --port {{port}} --episode-len 2"
     with GatewayProcess("--spawn", f"fake:agentgym={cmd}:2", "--health-interval", "0.2", ready="healthy") as gw:
         deadline = time.monotonic() + 20
         while True:  # both replicas up
@@ -89,7 +89,7 @@ def test_spawned_replicas_restart_after_dying():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="replicas die with the gateway through prctl, Linux only")
 def test_spawned_replicas_die_with_a_killed_gateway():
-    cmd = f"{sys.executable} -m tests.agentgym_fake_backend --host 127.0.0.1 --port {{port}}"
+    cmd = f"{sys.executable} -m env_gateway.fake_backend --host 127.0.0.1 --port {{port}}"
     with GatewayProcess("--spawn", f"fake:agentgym={cmd}:2", "--health-interval", "0.2", ready="healthy") as gw:
         deadline = time.monotonic() + 20
         while True:
@@ -99,7 +99,7 @@ def test_spawned_replicas_die_with_a_killed_gateway():
                 break
             time.sleep(0.1)
         for pid in pids:  # the launcher exec'd the server itself: the pid the gateway reports is the server's
-            assert "agentgym_fake_backend" in open(f"/proc/{pid}/cmdline").read()
+            assert "env_gateway.fake_backend" in open(f"/proc/{pid}/cmdline").read()
         gw.proc.kill()  # no chance to stop its children
         gw.proc.wait(timeout=10)
     deadline = time.monotonic() + 15

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from env_gateway.http1 import Http1Pool, HttpError
-from tests.agentgym_fake_backend import refusing_port
+from tests.env_server_proc import refusing_port
 from tests.test_gateway import run
 
 pytestmark = pytest.mark.timeout(30)

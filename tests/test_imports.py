@@ -136,14 +136,16 @@ def test_compat_import_is_cheap():
 
 
 def test_what_users_run_never_imports_the_tests():
-    """The product (cope_rlhf, env_gateway, agent_funcs, scripts) runs from a checkout without tests/ on the path."""
+    """The product (cope_rlhf, env_gateway, agent_funcs, scripts, benchmarks) runs from a checkout without tests/ on
+    the path: no Python import of ``tests`` and no ``python -m tests.<module>`` in its Python or shell files."""
     offenders = []
-    for folder in ("cope_rlhf", "env_gateway", "agent_funcs", "scripts"):
+    for folder in ("cope_rlhf", "env_gateway", "agent_funcs", "scripts", "benchmarks", "examples"):
         for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
             for name in files:
-                if name.endswith(".py"):
+                if name.endswith((".py", ".sh")):
                     path = os.path.join(dirpath, name)
                     text = open(path, encoding="utf-8").read()
-                    if re.search(r"^\s*(from tests[. ]|import tests\b)", text, re.MULTILINE):
+                    if re.search(r"^\s*(from tests[. ]|import tests\b)|-m tests\.|[\"']tests\.[a-z_]+[\"']", text,
+                                 re.MULTILINE):
                         offenders.append(os.path.relpath(path, ROOT))
     assert offenders == []

@@ -16,9 +16,8 @@ import time
 import pytest
 
 from cope_rlhf.config import CoPEConfig
-from tests.agentgym_fake_backend import refusing_port
 from tests.conftest import ROOT
-from tests.env_server_proc import call, free_port, venv_python
+from tests.env_server_proc import call, free_port, refusing_port, venv_python
 
 ENVS = ["babyai", "sciworld", "textcraft", "alfworld", "searchqa", "webshop", "webarena", "appworld", "tau2"]
 RUN = [f"scripts/run_{env}_grpo_train.sh" for env in ENVS]

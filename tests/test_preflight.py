@@ -14,7 +14,7 @@ import torch
 
 from cope_rlhf import preflight
 from cope_rlhf.cli.train_ppo_ray import build_parser
-from tests.agentgym_fake_backend import FakeBackendProcess
+from env_gateway.fake_backend import FakeBackendProcess
 from tests.conftest import ROOT, write_jsonl
 from tests.gateway_proc import GatewayProcess
 

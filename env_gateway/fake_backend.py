@@ -1,4 +1,6 @@
-"""A fake (stand-in) environment server for the gateway's tests and benchmark.
+"""A fake (stand-in) environment server that speaks every AgentGym protocol variant the gateway knows: for load tests
+of a gateway (benchmarks/gateway_bench.py, or a deployment's own), the gateway's tests, and checking rollout plumbing
+without an environment.
 
 It is a real aiohttp server on a real socket; only the environment behind it is fake, so that the gateway
 can be tested under load, with failures and with every AgentGym protocol variant (env_gateway/adapters.py), without
@@ -19,7 +21,7 @@ reset ``{env_idx, seed, idx}``, ``terminated``/``truncated``), ``gym`` (the gym-
 ``GET /stats`` reports the peak number of requests in flight and counts of every call, so tests can check
 that the gateway's caps held and that no request was lost or duplicated.
 
-    python -m tests.agentgym_fake_backend --port 8001 [--variant agentgym] [--delay 0.005] [--episode-len 10]
+    python -m env_gateway.fake_backend --port 8001 [--variant agentgym] [--delay 0.005] [--episode-len 10]
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ import itertools
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import urllib.request
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 
@@ -268,16 +269,6 @@ async def running(variant: str = "agentgym", *, port: int = 0, **kw: Any) -> Asy
         await runner.cleanup()
 
 
-@contextlib.contextmanager
-def refusing_port() -> Iterator[socket.socket]:
-    """A socket bound to a free port of 127.0.0.1 and not listening: while it is held, a connection there is refused
-    (an address where nothing listens) and no other process can take the port. ``listen()`` on it (or hand it to a
-    server) to serve there."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield s
-
-
 class FakeBackendProcess:
     """The fake backend as a subprocess (so it can be killed like a real replica). Context manager."""
 
@@ -289,7 +280,7 @@ class FakeBackendProcess:
         self.log = tempfile.TemporaryFile()
 
     def start(self) -> "FakeBackendProcess":
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.agentgym_fake_backend", "--port", str(self.port or 0),
+        self.proc = subprocess.Popen([sys.executable, "-m", "env_gateway.fake_backend", "--port", str(self.port or 0),
                                       *self.args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
         try:
             self.url = wait_listening(self.proc, self.log, re.compile(rb"listening on http://127\.0\.0\.1:(\d+)"),
@@ -318,7 +309,7 @@ class FakeBackendProcess:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="fake AgentGym-protocol env server (tests and benchmarks only)")
+    p = argparse.ArgumentParser(description="fake AgentGym-protocol env server (load tests and plumbing checks; no environment behind it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True, help="0: any free port (printed to stderr)")
     p.add_argument("--variant", default="agentgym", choices=VARIANTS)
