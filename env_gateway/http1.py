@@ -1,8 +1,10 @@
 """A small keep-alive HTTP/1.1 client for the gateway's JSON calls to its backends.
 
 Why not aiohttp's client here: the gateway makes one backend call per agent request, and on the small
-JSON messages of env servers aiohttp's client costs several times the CPU of the bytes it moves
-(benchmarks/gateway_bench.py); this client is an ``asyncio.Protocol`` that writes a request in one call
+JSON messages of env servers aiohttp's client costs more CPU than the bytes it moves. Measured with the
+gateway itself on each transport (benchmarks/gateway_bench.py method (f), 256 concurrent episodes, 2 cores):
+on aiohttp's client the gateway spent 1.8x the CPU per backend request and served 1.3x fewer episodes/s
+(docs/results/gateway_bench.md). This client is an ``asyncio.Protocol`` that writes a request in one call
 and parses the answer with a few ``bytes`` operations.
 
 Contract: ``await pool.request(method, url, path, body=None, timeout=s)`` -> ``(status, body bytes)``.
