@@ -18,9 +18,12 @@ The rule reaches the model as a 4D mask, built by ``dense_mask`` (boolean, ``(ro
 attention takes), ``additive_mask`` (0 / dtype-min, for eager attention), ``flex_mask`` (a flex-attention
 ``BlockMask``, block-sparse, for GPUs) or ``layout_mask`` (the layout itself, ``(rows, 1, 2, L)``: segment and
 trunk_end, read by ``branch_attention``). A dense mask makes every query pay for all L keys; ``branch_attention``
-(registered with HF as ``cope_branch_sdpa``) pays only for what is seen: the trunk as one causal sdpa call, each
-branch as one sdpa call over ``trunk[:trunk_end] + itself``, i.e. about n^2/2 + sum_i m_i (trunk_end_i + m_i)
-instead of (n + sum_i m_i)^2. ``block_attention(model)`` switches a HF model to an attention implementation that
+(registered with HF as ``cope_branch_sdpa``) spares the trunk that: the trunk as one causal sdpa call, then the
+M = sum_i m_i branch tokens as one masked call over the row's first n + M columns, i.e. about n^2/2 + M (n + M)
+instead of (n + M)^2, on views of the keys and values (one sdpa call per branch over ``trunk[:trunk_end] + itself``
+needed a copy of that trunk prefix per branch, kept until the backward: at 20 turns the joint forecast's step peaked
+at 1.40x a GRPO step's memory with those copies and at 1.21x without, benchmarks/signal_cost.py at the two commits).
+``block_attention(model)`` switches a HF model to an attention implementation that
 takes a block mask for the duration of a call (flex attention on CUDA when PyTorch has it; eager models keep eager
 with the additive mask; ``cope_branch_sdpa`` otherwise) and yields the matching mask builder; flash-attention
 kernels cannot take one.
@@ -29,6 +32,7 @@ kernels cannot take one.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, NamedTuple, Sequence, Tuple
 
@@ -201,32 +205,34 @@ def _runs(segment: torch.Tensor, trunk_end: torch.Tensor) -> List[Tuple[int, int
 
 def branch_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """HF attention function for ``layout_mask`` rows (see the module docstring); query ``(R, H, L, D)``, key and
-    value ``(R, Hkv, L, D)``; returns ``(R, L, H, D)`` as HF's sdpa does. Padding columns get zeros."""
+    value ``(R, Hkv, L, D)``; returns ``(R, L, H, D)`` as HF's sdpa does. Padding columns get zeros.
+
+    Per row, two sdpa calls on views of the row (no copies of keys or values, whose copies would live until the
+    backward): the trunk, causal; then every branch at once, its queries over the row's columns up to the last
+    branch under the ``sees`` rule as a boolean mask ((sum_i m_i) x (n + sum_i m_i), built once per row and layer).
+    The layout puts branches right after the trunk and padding only at the end (``pack_rows``)."""
     if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[2] != 2:
         raise ValueError(f"attention implementation {BRANCH_ATTENTION!r} takes layout_mask(packed) as its attention "
                          "mask; run the model inside block_attention(model) and give it the builder's mask")
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, dropout_p=dropout, scale=scaling,
+                             enable_gqa=query.shape[1] != key.shape[1])
     rows = []
     for r in range(query.shape[0]):
         q, k, v = query[r : r + 1], key[r : r + 1], value[r : r + 1]
-        pieces, covered = [], 0
-        for segment, a, b, end in _runs(attention_mask[r, 0, 0], attention_mask[r, 0, 1]):
-            if segment == 0:  # the trunk: plain causal attention, the kernel skips the upper triangle
-                pieces.append(sdpa(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True, dropout_p=dropout,
-                                   scale=scaling))
-            else:
-                m = b - a
-                seen = torch.ones(m, end + m, dtype=torch.bool, device=q.device)
-                seen[:, end:] = torch.ones(m, m, dtype=torch.bool, device=q.device).tril()
-                pieces.append(sdpa(q[:, :, a:b], torch.cat([k[:, :, :end], k[:, :, a:b]], 2),
-                                   torch.cat([v[:, :, :end], v[:, :, a:b]], 2), attn_mask=seen, dropout_p=dropout,
-                                   scale=scaling))
-            covered = b
-        if covered < query.shape[2]:
-            pieces.append(q.new_zeros(1, q.shape[1], query.shape[2] - covered, q.shape[3]))
+        segment, trunk_end = attention_mask[r, 0, 0], attention_mask[r, 0, 1]
+        runs = _runs(segment, trunk_end)
+        n = runs[0][2] if runs and runs[0][0] == 0 else 0  # trunk tokens
+        end = runs[-1][2] if runs else 0  # the last branch's end
+        pieces = []
+        if n:  # the trunk: plain causal attention, the kernel skips the upper triangle
+            pieces.append(sdpa(q[:, :, :n], k[:, :, :n], v[:, :, :n], is_causal=True))
+        if end > n:
+            column = torch.arange(end, device=q.device)
+            own = (segment[None, :end] == segment[n:end, None]) & (column[None, :] <= column[n:end, None])
+            seen = own | (column[None, :] < trunk_end[n:end, None])
+            pieces.append(sdpa(q[:, :, n:end], k[:, :, :end], v[:, :, :end], attn_mask=seen))
+        if end < query.shape[2]:
+            pieces.append(q.new_zeros(1, q.shape[1], query.shape[2] - end, q.shape[3]))
         rows.append(torch.cat(pieces, dim=2))
     return torch.cat(rows).transpose(1, 2).contiguous(), None
 

@@ -187,6 +187,30 @@ def test_branch_attention_equals_dense_mask_with_gradients(tok):
         branch_attention(None, q, q, q, dense_mask(pack_rows([[1, 2, 3]], [[]])))
 
 
+def test_branch_attention_keeps_no_trunk_copies_for_the_backward():
+    """Many branches off a long trunk (the joint forecast's layout): the new tensors ``branch_attention`` keeps for
+    the backward are about its output's size (output, log-sum-exp) plus one mask of the branch tokens over the row,
+    not a copy of the trunk prefix per branch, which made the joint step peak at 1.40x a GRPO step's memory
+    (benchmarks/signal_cost.py, 20 turns)."""
+    torch.manual_seed(0)
+    n, m, heads, kv_heads, dim = 512, 8, 4, 2, 16
+    packed = pack_rows([list(range(n))], [[Branch([1] * m, end, end) for end in range(16, n, 16)]])
+    width = packed.input_ids.shape[1]
+    q = torch.randn(1, heads, width, dim, requires_grad=True)
+    k, v = (torch.randn(1, kv_heads, width, dim, requires_grad=True) for _ in range(2))
+    inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out, _ = branch_attention(None, q, k, v, layout_mask(packed))
+    mask_shape = (width - n, width)  # the branch tokens over the row: sdpa keeps the boolean mask as floats
+    assert sum(t.shape == mask_shape for t in kept) <= 1
+    new_bytes = sum(t.numel() * t.element_size() for t in kept if t.is_floating_point() and t.shape != mask_shape
+                    and t.untyped_storage().data_ptr() not in inputs)
+    assert new_bytes <= 2 * q.numel() * q.element_size(), (new_bytes, q.numel() * q.element_size())
+    out.sum().backward()
+    assert q.grad is not None and k.grad.abs().sum() > 0
+
+
 @pytest.mark.slow  # about a minute on 2 CPU cores: flex attention compiles on its first call
 @pytest.mark.skipif(not flex_available(), reason="this PyTorch has no flex attention")
 def test_flex_block_mask_matches_dense(tok, batch):
