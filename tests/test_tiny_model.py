@@ -61,8 +61,13 @@ def test_is_a_chat_model_vllm_can_serve(built):
     assert text == "<|im_start|>user\ngo to red ball 1<|im_end|>\n<|im_start|>assistant\n"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == text and len(ids) < 20  # the BPE learned the environment's words
-    out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
-    assert out.shape == (1, len(ids) + 4) or out[0, -1] == tok.eos_token_id
+    # tied embeddings, as the script promises (vLLM and OpenRLHF load the one matrix), and a forward over the whole
+    # vocabulary that depends on the context
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids, ids[:1] * len(ids)])).logits
+    assert logits.shape == (2, len(ids), len(tok)) and torch.isfinite(logits).all()
+    assert not torch.allclose(logits[0, -1], logits[1, -1])
 
 
 def test_bad_head_dim_and_missing_corpus_are_clear_errors(tmp_path, demos):
