@@ -127,3 +127,34 @@ def test_bad_cli_value_exits_2_with_message(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--cope.action_forecast_gate='best' is not allowed; allowed: wins, all, mixed" in err
+
+
+def test_architecture_flag_table_traces_to_names_that_exist():
+    """docs/ARCHITECTURE.md's flag table: every CoPEConfig field has a row, and every function, metric and test it
+    names exists in the code (a rename that forgets the doc fails here)."""
+    doc = open(os.path.join(ROOT, "docs", "ARCHITECTURE.md")).read()
+    table = doc[doc.index("| flag (`--cope.`) |"):].split("\n\n", 1)[0].splitlines()[2:]
+    source = "\n".join(open(os.path.join(folder, name)).read() for folder in (os.path.join(ROOT, "cope_rlhf"),)
+                       for name in os.listdir(folder) if name.endswith(".py"))
+    flags, missing = set(), []
+    for row in table:
+        flag_cell, where, tensor, metrics, tests = [c.strip() for c in row.strip("|").split("|")]
+        names = re.findall(r"`([a-z_]+)`", flag_cell)
+        flags.update(n if not n.startswith("_") else "action_forecast" + n for n in names)
+        for name in re.findall(r"`([A-Za-z_][\w.]*)`", where + " " + tensor):
+            if not re.search(rf"\b{re.escape(name.rsplit('.', 1)[-1])}\b", source):
+                missing.append(name)
+        missing += [m for m in re.findall(r"`(cope/\w+)`", metrics) if f'"{m}"' not in source
+                    and f'"{m.split("/", 1)[1]}' not in source]
+        test_file = None
+        for path, test in re.findall(r"`(test_\w+\.py)?(?:::(test_\w+))?", tests):
+            if path:
+                test_file = path
+                if not os.path.isfile(os.path.join(ROOT, "tests", path)):
+                    missing.append(path)
+            if test and f"def {test}(" not in open(os.path.join(ROOT, "tests", test_file)).read():
+                missing.append(f"{test_file}::{test}")
+    assert not missing, f"named in docs/ARCHITECTURE.md's flag table but not found: {missing}"
+    fields_named = {f.name for f in fields(CoPEConfig)}
+    flags -= {"separate", "joint"}  # the mode's values
+    assert flags == fields_named, f"fields without a row: {fields_named - flags}; not fields: {flags - fields_named}"
