@@ -20,7 +20,10 @@ Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/fi
 ``cope/info_beta_mean``, ``cope/forecast_kept_frac``): OpenRLHF's actor averages every per-sample ``info`` tensor
 into its status, which reaches TensorBoard. With every switch off this is exactly OpenRLHF's method; the one addition
 is a warning (``advantage.rounding_noise_frac``, once per run) when stock group_norm meets equal rewards that it
-turns into rounding-made advantages, pointing to ``--cope.grpo_filter_degenerate``.
+turns into rounding-made advantages, pointing to ``--cope.grpo_filter_degenerate``. With the filter on (and
+information gain off), a warning when it has taken every group of ``ALL_FILTERED_WARN`` batches in a row (then every
+10th): such steps train nothing, and a policy that plays every prompt deterministically stays so
+(docs/results/quickstart_diagnosis.md point 33).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import forecast_weights, load_action_format
 
 logger = logging.getLogger(__name__)
+# Batches in a row that the filter empties before the maker warns (then every 10th): one or two can be luck.
+ALL_FILTERED_WARN = 3
 
 
 class CoPEExperienceMaker(RemoteExperienceMaker):
@@ -44,6 +49,7 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         super().__init__(*args, **kwargs)
         self.cope = CoPEConfig.from_args(self.args)
         self.cope_rounding_warned = False
+        self.cope_all_filtered = 0  # batches in a row in which the filter took every group
         self.action_format = (load_action_format(self.args.train.agent_func_path)
                               if self.cope.action_forecast_enable else None)
 
@@ -75,6 +81,15 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
             if not self.cope.info_gain_enable:
                 for e, drop in zip(experiences, drops):
                     e.info[FILTERED_KEY] = drop
+                self.cope_all_filtered = self.cope_all_filtered + 1 if found["cope/filtered_frac"] == 1.0 else 0
+                if self.cope_all_filtered == ALL_FILTERED_WARN or (self.cope_all_filtered
+                                                                   and self.cope_all_filtered % 10 == 0):
+                    logger.warning(
+                        "grpo_filter_degenerate: in the last %d batches every group's rewards were all equal, so "
+                        "those steps trained nothing (no policy-gradient, KL or TE term). The policy plays each "
+                        "prompt the same way every time and cannot leave that state by itself; see "
+                        "train/cope/filtered_frac. Lower --cope.te_lambda or --actor.adam.lr, or raise "
+                        "--rollout.n_samples_per_prompt or the sampling temperature.", self.cope_all_filtered)
         if self.cope.info_gain_enable:
             betas = info_gates(experiences, n, self.cope.info_intrinsic_weight, self.cope.info_gate_temp)
             for e, beta in zip(experiences, betas):

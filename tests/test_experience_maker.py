@@ -132,6 +132,25 @@ def test_group_norm_rounding_is_warned_once_and_not_with_the_filter(groups, tok,
             assert not advantages.any() and all(bool(e.info[FILTERED_KEY].all()) for e in first)
 
 
+def test_filter_warns_when_it_takes_every_group_batch_after_batch(groups, tok, caplog):
+    """A policy that plays every prompt the same way gives all-equal groups only: with the filter on, such a step
+    trains nothing and the run cannot leave that state, so the maker says so after ALL_FILTERED_WARN batches in a
+    row (not before, and not when one batch in between had a mixed group)."""
+    from cope_rlhf.experience_maker import ALL_FILTERED_WARN
+
+    wins = [to_experience(agent_response(tok, *EPISODES[3], reward=1.0)) for _ in range(N)]
+    maker = CoPEExperienceMaker(*groups[:1], None, None, groups[1], FixedKLController(KL_COEF),
+                                StandInStrategy(cli_args("--cope.grpo_filter_degenerate")), tok)
+    said = []
+    with caplog.at_level(logging.WARNING, logger="cope_rlhf.experience_maker"):
+        for batch in ["equal"] * (ALL_FILTERED_WARN - 1) + ["mixed"] + ["equal"] * ALL_FILTERED_WARN:
+            caplog.clear()
+            maker.make_experience_batch(copy.deepcopy(wins) if batch == "equal" else rollout(tok))
+            said.append([r.getMessage() for r in caplog.records if "trained nothing" in r.getMessage()])
+    assert said[:-1] == [[]] * (len(said) - 1)
+    assert len(said[-1]) == 1 and f"in the last {ALL_FILTERED_WARN} batches" in said[-1][0]
+
+
 def test_filter_zeroes_degenerate_group(groups, tok, stock, checkpoints):
     cope = make(CoPEExperienceMaker, groups, tok, "--cope.grpo_filter_degenerate")
     reference = fresh(stock)
