@@ -23,10 +23,9 @@ M = sum_i m_i branch tokens as one masked call over the row's first n + M column
 instead of (n + M)^2, on views of the keys and values (one sdpa call per branch over ``trunk[:trunk_end] + itself``
 needed a copy of that trunk prefix per branch, kept until the backward: at 20 turns the joint forecast's step peaked
 at 1.40x a GRPO step's memory with those copies and at 1.21x without, benchmarks/signal_cost.py at the two commits).
-``block_attention(model)`` switches a HF model to an attention implementation that
-takes a block mask for the duration of a call (flex attention on CUDA when PyTorch has it; eager models keep eager
-with the additive mask; ``cope_branch_sdpa`` otherwise) and yields the matching mask builder; flash-attention
-kernels cannot take one.
+``block_attention(model)`` switches a HF model to an attention implementation that takes a block mask for the
+duration of a call (flex attention on CUDA when PyTorch has it; eager models keep eager with the additive mask;
+``cope_branch_sdpa`` otherwise) and yields the matching mask builder; flash-attention kernels cannot take one.
 """
 
 from __future__ import annotations
