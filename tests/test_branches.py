@@ -190,7 +190,7 @@ def test_branch_attention_equals_dense_mask_with_gradients(tok):
 def test_branch_attention_keeps_no_trunk_copies_for_the_backward():
     """Many branches off a long trunk (the joint forecast's layout): the new tensors ``branch_attention`` keeps for
     the backward are about its output's size (output, log-sum-exp) plus one mask of the branch tokens over the row,
-    not a copy of the trunk prefix per branch, which made the joint step peak at 1.40x a GRPO step's memory
+    not a copy of the trunk prefix per branch, which made the joint step peak at 1.46x a GRPO step's memory
     (benchmarks/signal_cost.py, 20 turns)."""
     torch.manual_seed(0)
     n, m, heads, kv_heads, dim = 512, 8, 4, 2, 16
