@@ -259,9 +259,9 @@ class GatewayProc:
         flags = ["--port", "0", "--env", f"bench:agentgym={backend}", "--max-concurrency", "100000",
                  "--max-sessions", "100000", "--max-queue", "100000",
                  "--log-level", "INFO"]  # INFO: the listening line; per-request logging is DEBUG
+        bare = [os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", "0", "--backend", backend]
         argv = {"gateway": ["-m", "env_gateway", *flags],
-                "aiohttp": [os.path.join(ROOT, "benchmarks", "aiohttp_gateway.py"), *flags],
-                "bare": [os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", "0", "--backend", backend]}[method]
+                "aiohttp": [os.path.join(ROOT, "benchmarks", "aiohttp_gateway.py"), *flags], "bare": bare}[method]
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = wait_listening(self.proc, self.log, self.LISTENING, lambda url: bool(fetch(url + "/v1/health")),

@@ -78,10 +78,10 @@ ACTIONS = ["look around", "pick up key", "open door", "go to red ball 1", "toggl
 
 
 def trajectory(tok, turns: int, seed: int) -> Experience:
-    """Observations of ~40 words, actions with a ~15-word thought: ~150 tokens per turn with ``main``'s tokenizer. Built as
-    OpenRLHF's MultiTurnAgentExecutor returns a conversation (the prompt through the chat template, each reply's tokens
-    and <|im_end|>, the feedback rendered as a user turn and the next assistant header) and turned into an Experience
-    by OpenRLHF's own conversion."""
+    """Observations of ~40 words, actions with a ~15-word thought: ~150 tokens per turn with ``main``'s tokenizer.
+    Built as OpenRLHF's MultiTurnAgentExecutor returns a conversation (the prompt through the chat template, each
+    reply's tokens and <|im_end|>, the feedback rendered as a user turn and the next assistant header) and turned into
+    an Experience by OpenRLHF's own conversion."""
     rng = random.Random(seed)
     sentence = lambda n: " ".join(rng.choice(WORDS) for _ in range(n)) + "."  # noqa: E731
     ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -96,7 +96,6 @@ def trajectory(tok, turns: int, seed: int) -> Experience:
     response = {"prompt": "", "label": "", "observation_tokens": tokens, "action_ranges": ranges, "reward": 0.0,
                 "scores": 0.0, "rollout_log_probs": None, "truncated": False, "extra_logs": {}}
     return object.__new__(SamplesGenerator)._process_response_into_experience(response, max_len=1 << 20)
-
 
 
 def small_model(vocab: int, hidden: int, layers: int) -> Qwen2ForCausalLM:

@@ -194,14 +194,6 @@ def layout_mask(packed: PackedRows) -> torch.Tensor:
     return torch.stack([packed.segment, packed.trunk_end], dim=1).unsqueeze(1)
 
 
-def _runs(segment: torch.Tensor, trunk_end: torch.Tensor) -> List[Tuple[int, int, int, int]]:
-    """(segment, start, end, trunk_end) of each run of equal segment ids in one row, padding left out."""
-    cuts = ((segment[1:] != segment[:-1]).nonzero().flatten() + 1).tolist()
-    bounds = [0, *cuts, len(segment)]
-    ids, ends = segment.tolist(), trunk_end.tolist()
-    return [(ids[a], a, b, ends[a]) for a, b in zip(bounds, bounds[1:]) if ids[a] != PAD_SEGMENT]
-
-
 def branch_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """HF attention function for ``layout_mask`` rows (see the module docstring); query ``(R, H, L, D)``, key and
     value ``(R, Hkv, L, D)``; returns ``(R, L, H, D)`` as HF's sdpa does. Padding columns get zeros.
@@ -219,9 +211,8 @@ def branch_attention(module, query, key, value, attention_mask, dropout: float =
     for r in range(query.shape[0]):
         q, k, v = query[r : r + 1], key[r : r + 1], value[r : r + 1]
         segment, trunk_end = attention_mask[r, 0, 0], attention_mask[r, 0, 1]
-        runs = _runs(segment, trunk_end)
-        n = runs[0][2] if runs and runs[0][0] == 0 else 0  # trunk tokens
-        end = runs[-1][2] if runs else 0  # the last branch's end
+        n = int((segment == 0).sum())  # trunk tokens, at the row's start
+        end = int((segment != PAD_SEGMENT).sum())  # the last branch's end: padding only follows it
         pieces = []
         if n:  # the trunk: plain causal attention, the kernel skips the upper triangle
             pieces.append(sdpa(q[:, :, :n], k[:, :, :n], v[:, :, :n], is_causal=True))

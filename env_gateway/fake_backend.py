@@ -9,8 +9,8 @@ the env packages (the real built-in servers are tested separately, when their ve
 The fake task of item i: an episode of ``episode_len`` steps; the observation at step t says
 ``item {i} step {t}: say 'move {(i + t) % 4}'``; the last step gives reward 1.0 if every action was the
 one asked for, else 0.0 (with ``partial_rewards``: 1 / episode_len for every right action, when it is taken, so
-the episode's total is the share of right actions). Actions ``hang`` (sleeps an hour: a stuck backend) and ``crash`` (HTTP 500) act
-out failures. Every env call (reset, step) waits ``delay`` seconds first (simulated work, not CPU).
+the episode's total is the share of right actions). Actions ``hang`` (sleeps an hour: a stuck backend) and
+``crash`` (HTTP 500) act out failures. Every env call (reset, step) waits ``delay`` seconds first (simulated work, not CPU).
 
 Variants: ``agentgym`` (ids in ``id``, reset ``{id, data_idx}``), ``sciworld`` (+ cumulative ``score``),
 ``alfworld`` (reset ``{id, game, world_type}``, ``available_actions``), ``searchqa`` (bare-int /create,
@@ -309,7 +309,8 @@ class FakeBackendProcess:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="fake AgentGym-protocol env server (load tests and plumbing checks; no environment behind it)")
+    p = argparse.ArgumentParser(description="fake AgentGym-protocol env server (load tests and plumbing checks; "
+                                "no environment behind it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True, help="0: any free port (printed to stderr)")
     p.add_argument("--variant", default="agentgym", choices=VARIANTS)

@@ -1,8 +1,8 @@
 """The gateway benchmark (run by hand) still runs: a tiny configuration, every method, two paired runs.
 
 Guards the script itself against rot: the real gateway, the bare reference proxy, the gateway on aiohttp's client and
-the fake backend start as processes, every method completes its episodes with the backend's call counts matching, and the ratios are
-printed as medians over the paired runs.
+the fake backend start as processes, every method completes its episodes with the backend's call counts matching,
+and the ratios are printed as medians over the paired runs.
 """
 
 from __future__ import annotations
