@@ -10,7 +10,8 @@ The fake task of item i: an episode of ``episode_len`` steps; the observation at
 ``item {i} step {t}: say 'move {(i + t) % 4}'``; the last step gives reward 1.0 if every action was the
 one asked for, else 0.0 (with ``partial_rewards``: 1 / episode_len for every right action, when it is taken, so
 the episode's total is the share of right actions). Actions ``hang`` (sleeps an hour: a stuck backend) and
-``crash`` (HTTP 500) act out failures. Every env call (reset, step) waits ``delay`` seconds first (simulated work, not CPU).
+``crash`` (HTTP 500) act out failures. Every env call (reset, step) waits ``delay`` seconds first (simulated work,
+not CPU).
 
 Variants: ``agentgym`` (ids in ``id``, reset ``{id, data_idx}``), ``sciworld`` (+ cumulative ``score``),
 ``alfworld`` (reset ``{id, game, world_type}``, ``available_actions``), ``searchqa`` (bare-int /create,
