@@ -1,0 +1,68 @@
+"""AgentGym's own env servers (commit 3ef9235), the reference of the parity tests, as subprocesses.
+
+    with AgentGymServer("textcraft") as ref:            # .venvs/agentgym-textcraft/bin/python -m uvicorn
+        env_id = ref.ok("POST", "/create", {})           #   agentenv_textcraft:app --host 127.0.0.1 --port 0,
+                                                         #   cwd = $AGENTGYM_DIR/agentenv-textcraft
+
+The venv comes from ``bash scripts/setup_env.sh agentgym-ENV`` (pins + the package from ``AGENTGYM_DIR``, default
+``../shared/agentgym-3ef9235`` beside the repository). uvicorn binds port 0 and logs the port it got ("Uvicorn running
+on http://127.0.0.1:PORT"), read from the log file as for the built-in servers; the process is stopped by PID on
+exit, also when the test fails. The working directory is the package's folder because TextCraft reads its recipes
+relative to it. ``agentgym_fixture`` skips, with the reason, when the checkout or the venv is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+from env_gateway.servers.process import ROOT, EnvServerProcess, call, venv_python, wait_listening
+
+AGENTGYM_DIR = os.environ.get("AGENTGYM_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "agentgym-3ef9235")
+UVICORN_PORT = re.compile(rb"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+
+
+class AgentGymServer(EnvServerProcess):
+    """AgentGym's ``agentenv-<env>`` server on 127.0.0.1, on the port uvicorn chose; use as a context manager."""
+
+    def __init__(self, env: str, startup_timeout: float = 120.0):
+        super().__init__(f"agentgym-{env}", startup_timeout=startup_timeout)
+        self.env = env
+        self.package_dir = os.path.join(AGENTGYM_DIR, f"agentenv-{env}")
+
+    def __enter__(self) -> "AgentGymServer":
+        cmd = [self.python, "-m", "uvicorn", f"agentenv_{self.env}:app", "--host", "127.0.0.1", "--port", "0"]
+        self.proc = subprocess.Popen(cmd, cwd=self.package_dir, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self.url = wait_listening(self.proc, self.log, UVICORN_PORT,
+                                      lambda url: call(url, "GET", "/", timeout=2)[0] == 200,
+                                      f"AgentGym's {self.env} server", self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return self
+
+
+def require_agentgym(env: str) -> None:
+    import pytest
+
+    if not os.path.isdir(os.path.join(AGENTGYM_DIR, f"agentenv-{env}")):
+        pytest.skip(f"no AgentGym checkout at {AGENTGYM_DIR} (set AGENTGYM_DIR to AgentGym at 3ef9235): "
+                    f"the {env} parity test needs AgentGym's own server")
+    if not os.path.exists(venv_python(f"agentgym-{env}")):
+        pytest.skip(f".venvs/agentgym-{env} is missing: run `bash scripts/setup_env.sh agentgym-{env}`")
+
+
+def agentgym_fixture(env: str, scope: str = "module"):
+    """A pytest fixture that yields a running AgentGymServer (skips with the reason when it cannot run)."""
+    import pytest
+
+    @pytest.fixture(scope=scope)
+    def _reference():
+        require_agentgym(env)
+        with AgentGymServer(env) as proc:
+            yield proc
+
+    return _reference
