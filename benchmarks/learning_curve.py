@@ -64,7 +64,7 @@ CONFIGS = {"grpo": [], "filter": FILTER, "forecast": FILTER + FORECAST, "te": FI
            "info": FILTER + INFO, "all": FILTER + FORECAST + TE + INFO, "all_but_te": FILTER + FORECAST + INFO}
 WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-hesitant",
                          "--epochs", "16"],
-              "textcraft": ["--heldout", "100", "--demos", "200", "--epochs", "16"]}  # 319 train items
+              "textcraft": ["--heldout", "100", "--demos", "200", "--epochs", "16"]}  # 344 train items
 TURNS = {"babyai": 3, "textcraft": 10}
 # The quickstart's recipe less its CoPE switch (scripts/quickstart.sh; tests/test_learning_curve.py keeps the two
 # equal, flag for flag).

