@@ -1,6 +1,8 @@
 """SciWorld (ScienceWorld) agent func: ``--train.agent_func_path agent_funcs/sciworld.py``.
 
-Action: one ScienceWorld command (e.g. ``open door to kitchen``, ``focus on red apple``), after ``Action:``.
+First observation: the task description, a newline, then the first look, as AgentGym's SciWorld client joins the
+two fields of the reset reply (``task_description``, ``observation``); later observations are the server's as they
+are. Action: one ScienceWorld command (e.g. ``open door to kitchen``, ``focus on red apple``), after ``Action:``.
 Reward, binarised as CoPE ran it: ``1`` only when the episode is done with score 100, else ``0`` (the gateway's
 SciWorld reward is the cumulative 0-100 score). Turns: 20 (AgentGym-RL); ScalingInter-RL uses
 HORIZON_SCHEDULE="10,20,30".
@@ -27,6 +29,11 @@ class SciWorldAgent(GatewayAgent):
 
     def score(self, env_total: float, last_reward: float, done: bool) -> float:
         return binarised_sciworld_score(last_reward, done)
+
+    def first_prompt(self, observation: str, info: dict) -> str:
+        # The look alone does not say what the task is: the reset reply carries the task in its own field.
+        task = info.get("task_description")
+        return super().first_prompt(f"{task}\n{observation}" if task else observation, info)
 
 
 class AgentExecutor(GatewayAgentExecutor):

@@ -105,7 +105,12 @@ def test_expert_episode_succeeds_token_in_token_out(stack, tok, gateway_env):
     agent_cls = load_agent_func(env).AgentExecutor.agent_cls
     first = tok.decode(spans(result)[0])
     assert first.startswith("<|im_start|>user\n" + agent_cls.instruction)
-    assert first.endswith(f"<|im_start|>user\n{observations[0]}<|im_end|>\n<|im_start|>assistant\n")
+    task = ""
+    if env == "sciworld":  # its first observation: the task, a newline, the first look (as AgentGym's client has it)
+        sid = call(server.url, "POST", "/create", {})[1]["id"]
+        task = call(server.url, "POST", "/reset", {"id": sid, "data_idx": item})[1]["task_description"] + "\n"
+        call(server.url, "POST", "/close", {"id": sid})
+    assert first.endswith(f"<|im_start|>user\n{task}{observations[0]}<|im_end|>\n<|im_start|>assistant\n")
     # every later span is the server's own observation in the template's turn markers
     assert [tok.decode(s) for s in spans(result)[1:]] == [wrapped(o) for o in observations[1:]]
     # token in, token out: each engine input is exactly the tokens so far

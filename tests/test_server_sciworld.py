@@ -1,4 +1,6 @@
-"""The ScienceWorld server, run for real from .venvs/sciworld (Java 17) on 127.0.0.1.
+"""The ScienceWorld server, run for real from .venvs/sciworld (Java 17) on 127.0.0.1. Its parity with AgentGym's own
+SciWorld server (commit 3ef9235) is tests/test_parity_sciworld.py; the AgentGym behaviours checked here too, without
+AgentGym installed: the first look's score in the reset reply, rewards counted from it, a step after done refused.
 
 ScienceWorld lists the contents of a room in an order that is not reproducible (it follows the JVM's identity hash
 codes: the same item, even as the first reset of a fresh server, can list three paint cups in different orders),
@@ -17,6 +19,9 @@ pytestmark = pytest.mark.timeout(180)
 
 # data_idx 2936 is task 4-1 (find-living-thing) variation 0, a train item with a 6-action gold path.
 FIND_LIVING_THING = 2936
+# data_idx 4243 is task 7-1 (lifespan-longest-lived) variation 3: the agent starts outside, where the task wants it,
+# so the first look already scores 50.
+STARTS_SCORED = 4243
 UNKNOWN_ACTION = "No known action matches that input."
 
 server = server_fixture("sciworld", "--jvms", "2")
@@ -29,7 +34,8 @@ def lines(observation: str) -> list[str]:
 def test_expert_reaches_full_score_and_garbage_is_an_invalid_action(server):
     env_id = server.ok("POST", "/create")["id"]
     reset = server.ok("POST", "/reset", {"id": env_id, "data_idx": FIND_LIVING_THING})
-    assert (reset["task_name"], reset["var_num"], reset["score"], reset["done"]) == ("find-living-thing", 0, 0, False)
+    assert (reset["task_name"], reset["var_num"], reset["reward"], reset["score"], reset["deleted"], reset["done"]) \
+        == ("find-living-thing", 0, 0, 0, False, False)
     assert "living thing" in reset["task_description"] and reset["observation"].startswith("This ")
 
     garbage = server.ok("POST", "/step", {"id": env_id, "action": "xyzzy plugh"})
@@ -45,8 +51,21 @@ def test_expert_reaches_full_score_and_garbage_is_an_invalid_action(server):
     assert result["done"] and result["score"] == 100
     assert sum(rewards) == 100 and all(r >= 0 for r in rewards)  # reward is the score delta
     assert server.ok("GET", f"/observation?id={env_id}")["observation"] == result["observation"]
+    for action in ("look around", "look " * 300):  # after done no step is played, valid or not (as AgentGym's)
+        status, body = server.call("POST", "/step", {"id": env_id, "action": action})
+        assert status == 409 and body["error"] == "episode_done"
     assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
     assert server.call("POST", "/step", {"id": env_id, "action": "look around"})[0] == 404
+
+
+def test_a_first_look_that_scores_is_in_the_reset_reply_and_rewards_count_from_it(server):
+    env_id = server.ok("POST", "/create")["id"]
+    reset = server.ok("POST", "/reset", {"id": env_id, "data_idx": STARTS_SCORED})
+    assert (reset["task_name"], reset["var_num"], reset["reward"], reset["score"]) == ("lifespan-longest-lived", 3,
+                                                                                         50, 50)
+    assert server.ok("POST", "/step", {"id": env_id, "action": "look around"}) | {"observation": ""} == \
+        {"observation": "", "reward": 0, "score": 50, "done": False}
+    server.ok("POST", "/close", {"id": env_id})
 
 
 def test_non_text_and_overlong_actions_are_invalid_actions_not_a_dead_session(server):

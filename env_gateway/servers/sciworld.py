@@ -1,19 +1,35 @@
-"""ScienceWorld (``scienceworld`` 1.2.3, Java 17) as an AgentGym-protocol server over a small pool of JVMs.
+"""ScienceWorld (``scienceworld`` 1.2.3, Java 17) as an AgentGym-protocol server over a small pool of JVMs, giving
+item for item what AgentGym's own SciWorld server (agentenv-sciworld at commit 3ef9235) gives.
 
-Items: AgentGym's list. For every task in the package's task order except 5-1, 5-2, 9-* and 10-*, every variation
-0 .. max-1; ``data_idx`` indexes that list (4639 items with 1.2.3). Split: an item is in train, dev or test when its
-variation is in the package's own ``get_variations_train/dev/test()`` for its task.
+Items, as AgentGym's list: every task in the package's task order except 5-1, 5-2, 9-* and 10-*, every variation
+0 .. max-1; ``data_idx`` indexes that list (4639 items with 1.2.3). Splits: AgentGym at 3ef9235 defines none for
+SciWorld (its train/test item lists are data files it does not ship), so ``item_ids(split)`` uses the package's
+own: an item is in train, dev or test when its variation is in ``get_variations_train/dev/test()`` for its task.
 
-Responses as AgentGym's: reset -> {task_name, var_num, task_description, observation, reward: 0, score: 0, done};
-step -> {observation, reward, score, done}: score = round(100 * simulator score) (0-100; negative when the task
-failed), reward = score - previous score, done = task completed, or score < 0, or more than --step-limit moves.
-Text the simulator cannot parse is answered "No known action matches that input." and changes nothing.
-The item -> task mapping is fixed, but the simulator lists a room's contents in an order that follows the JVM's
-identity hash codes, so one item's first observation can differ between runs in the order of its listed objects.
+Replies, as AgentGym's:
+- reset: load the item, then "look around" -> {task_name, var_num, task_description, observation (the look's
+  text; AgentGym's client puts task_description and a newline before it), reward, score, deleted: false, done}.
+  The first look can already score (the agent starts where the task wants it): reward = score = that score.
+- step: {observation, reward, score, done}: observation is the simulator's answer as it is (an unparseable or
+  empty action: "No known action matches that input."; an ambiguous one: its numbered options, and the next action
+  is read as the choice); score = round(100 * simulator score) (negative when the task failed); reward = score -
+  the previous reply's score; done = task completed, or score < 0, or more than --step-limit (100) moves.
+- A step after done is refused (409 ``episode_done``; AgentGym answers 200 {"error": "... has finished."}).
+Where this server differs by design: an action over 1024 characters or not valid Unicode is an invalid action
+("Invalid action: ...", nothing changed) and never reaches the JVM (AgentGym's parses the first, "No known action
+matches that input.", and answers the second 200 {"error": "An error occurred while calling o2.step"}); errors
+are HTTP 4xx JSON, not 200 {"error"}; GET /observation answers {"observation": text}, not the bare text.
+Checked against AgentGym's server by tests/test_parity_sciworld.py (which lists what the simulator itself does not
+reproduce between JVMs).
+
+The simulator lists a room's contents (and a container's, and the options of an ambiguous action) in an order that
+follows the JVM's identity hash codes, so one item's observation can differ between runs in that order, on
+AgentGym's server too; a thermometer reading can differ by a degree, a closed circuit can score a step sooner.
 
 Fast step path: the package's ``ScienceWorldEnv.step`` also fetches the look/inventory/task texts and every valid
-action, which is most of its 0.1-0.6 s; here a step makes only the simulator's step, score, completed and
-move-count calls (a few ms) and applies the same formulas. Valid actions: GET /valid_actions?id=n.
+action, which is most of its 0.1-0.6 s and changes nothing in the world; here a step makes only the simulator's
+step, score, completed and move-count calls (a few ms) and applies the package's formulas (above). Valid actions:
+GET /valid_actions?id=n.
 
 JVM pool, and why nothing deadlocks: a session is a record (item + the actions taken), not a JVM. Each call borrows
 one of --jvms JVMs only for its own duration: the JVM that still holds this session's state if it is free, else a
@@ -21,9 +37,9 @@ free one (an idle JVM first, then the least recently used), where the session is
 replaying its actions on the fast path. A call that waits for a JVM waits only for calls already running, each of
 which hands its JVM back when it returns, so no cycle of waits can form whatever the clients do (reset many
 sessions before stepping any, abandon sessions without /close). While no more than --jvms sessions are active,
-each keeps its JVM and nothing is replayed. Each JVM's heap is capped (--jvm-heap, default 512m). Caveat:
-ScienceWorld is not bit-exact between runs (listing order; a thermometer can read a degree differently on a
-replay), so a restored session may differ in such details.
+each keeps its JVM and nothing is replayed. Each JVM's heap is capped (--jvm-heap, default 512m). Caveat: as
+above, a restored session may differ from the original in listing order, a thermometer reading or the option a
+number picks.
 
 Expert (GET /expert): the package's gold action sequence for the item (generated once per item by a load with
 ``generateGoldPath``, then cached), at its first action not yet taken: the position moves on when a step's
@@ -83,6 +99,7 @@ class Episode:
     score: int = 0
     observation: str = ""
     gold_pos: int = 0
+    done: bool = False
     jvm: "Jvm | None" = None
 
 
@@ -141,12 +158,13 @@ class JvmPool:
             jvm.env.close()
 
 
-def start(jvm: Jvm, episode: Episode) -> str:
-    """Load the episode's item and make the first move ("look around", as the package's reset does). A load builds
-    the world afresh; the package's reset() would build it a second time (as long again), so it is skipped."""
+def start(jvm: Jvm, episode: Episode) -> tuple[str, int, bool, int]:
+    """Load the episode's item and make the first move ("look around", as AgentGym's reset does), returning
+    ``fast_step``'s tuple. A load builds the world afresh; the package's reset() would build it a second time (as
+    long again), and AgentGym's reset does not call it either."""
     jvm.env.load(episode.task, episode.var, "")
     jvm.holder, episode.jvm = episode, jvm
-    return fast_step(jvm.env, "look around")[0]
+    return fast_step(jvm.env, "look around")
 
 
 def fast_step(env: ScienceWorldEnv, action: str) -> tuple[str, int, bool, int]:
@@ -189,14 +207,28 @@ class SciWorldServer(EnvServer):
 
     def reset(self, episode: Episode, data_idx: int) -> dict:
         episode.task, episode.var = self.catalogue.items[data_idx]
-        episode.actions, episode.score, episode.gold_pos = [], 0, 0
+        episode.actions, episode.gold_pos = [], 0
         with self.jvms.borrow(episode, restore=False) as jvm:
-            episode.observation = start(jvm, episode)
-            description = jvm.env.get_task_description()
+            observation, score, completed, moves = start(jvm, episode)
+            description = jvm.env.get_task_description()  # the same before and after the first look
+        # The first look can already score (the agent starts in a room the task asks for): AgentGym reports it
+        # here, and the first step's reward is counted from it.
+        episode.score, episode.observation = score, observation
+        episode.done = self.is_done(score, completed, moves)
         return {"task_name": episode.task, "var_num": episode.var, "task_description": description,
-                "observation": episode.observation, "reward": 0, "score": 0, "done": False}
+                "observation": observation, "reward": score, "score": score, "deleted": False, "done": episode.done}
+
+    def is_done(self, score: int, completed: bool, moves: int) -> bool:
+        return bool(completed) or score < 0 or moves > self.step_limit
+
+    @staticmethod
+    def refuse_when_done(episode: Episode) -> None:
+        if episode.done:  # as AgentGym's server, which answers {"error": "The task ... has finished."}
+            raise RequestError(409, "episode_done", "the episode is done (task completed or failed, or the step "
+                                                    "limit reached): reset to play again")
 
     def step(self, episode: Episode, action: str) -> dict:
+        self.refuse_when_done(episode)
         with self.jvms.borrow(episode) as jvm:
             observation, score, completed, moves = fast_step(jvm.env, action)
         episode.actions.append(action)
@@ -204,13 +236,14 @@ class SciWorldServer(EnvServer):
         if gold and episode.gold_pos < len(gold) and action == gold[episode.gold_pos]:
             episode.gold_pos += 1
         reward, episode.score, episode.observation = score - episode.score, score, observation
-        return {"observation": observation, "reward": reward, "score": score,
-                "done": bool(completed) or score < 0 or moves > self.step_limit}
+        episode.done = self.is_done(score, completed, moves)
+        return {"observation": observation, "reward": reward, "score": score, "done": episode.done}
 
     def observation(self, episode: Episode) -> str:
         return episode.observation
 
     def invalid_action(self, episode: Episode, reason: str) -> dict:
+        self.refuse_when_done(episode)
         return {"observation": f"Invalid action: {reason}", "reward": 0, "score": episode.score, "done": False}
 
     def valid_actions(self, episode: Episode) -> list[str]:
