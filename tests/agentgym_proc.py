@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 
-from env_gateway.servers.process import ROOT, EnvServerProcess, call, venv_python, wait_listening
+from env_gateway.servers.process import ROOT, EnvServerProcess, venv_python
 
 AGENTGYM_DIR = os.environ.get("AGENTGYM_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "agentgym-3ef9235")
 UVICORN_PORT = re.compile(rb"Uvicorn running on http://127\.0\.0\.1:(\d+)")
@@ -26,23 +25,15 @@ UVICORN_PORT = re.compile(rb"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 class AgentGymServer(EnvServerProcess):
     """AgentGym's ``agentenv-<env>`` server on 127.0.0.1, on the port uvicorn chose; use as a context manager."""
 
+    listening = UVICORN_PORT
+
     def __init__(self, env: str, startup_timeout: float = 120.0):
         super().__init__(f"agentgym-{env}", startup_timeout=startup_timeout)
         self.env = env
-        self.package_dir = os.path.join(AGENTGYM_DIR, f"agentenv-{env}")
+        self.cwd = os.path.join(AGENTGYM_DIR, f"agentenv-{env}")
 
-    def __enter__(self) -> "AgentGymServer":
-        cmd = [self.python, "-m", "uvicorn", f"agentenv_{self.env}:app", "--host", "127.0.0.1", "--port", "0"]
-        self.proc = subprocess.Popen(cmd, cwd=self.package_dir, stdout=self.log, stderr=subprocess.STDOUT)
-        try:
-            self.url = wait_listening(self.proc, self.log, UVICORN_PORT,
-                                      lambda url: call(url, "GET", "/", timeout=2)[0] == 200,
-                                      f"AgentGym's {self.env} server", self.startup_timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.port = int(self.url.rsplit(":", 1)[1])
-        return self
+    def command(self) -> list[str]:
+        return [self.python, "-m", "uvicorn", f"agentenv_{self.env}:app", "--host", "127.0.0.1", "--port", "0"]
 
 
 def require_agentgym(env: str) -> None:

@@ -100,15 +100,22 @@ class EnvServerProcess:
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.TemporaryFile()
 
+    # what to run, where, and the log line that names the bound port (a subclass runs another server so)
+    cwd = ROOT
+    listening = LISTENING
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", f"env_gateway.servers.{self.name}", "--host", "127.0.0.1", "--port", "0",
+                *self.args]
+
     def __enter__(self) -> "EnvServerProcess":
         if not os.path.exists(self.python):
             raise FileNotFoundError(f"{self.python} not found: run `bash scripts/setup_env.sh {self.name}` first")
-        cmd = [self.python, "-m", f"env_gateway.servers.{self.name}", "--host", "127.0.0.1", "--port", "0",
-               *self.args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(), cwd=self.cwd, stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            self.url = wait_listening(self.proc, self.log, LISTENING, lambda url: call(url, "GET", "/", timeout=2)[0]
-                                      == 200, f"{self.name} server", self.startup_timeout)
+            self.url = wait_listening(self.proc, self.log, self.listening,
+                                      lambda url: call(url, "GET", "/", timeout=2)[0] == 200, f"{self.name} server",
+                                      self.startup_timeout)
         except BaseException:
             self.stop()
             raise
