@@ -18,6 +18,7 @@ class SearchQAAgent(GatewayAgent):
     env = "searchqa"
     instruction = INSTRUCTIONS["searchqa"]
     default_max_turns = 5
+    invalid_phrases = ("your previous action is invalid", "invalid action")  # AgentGym's text, the base server's
 
 
 class AgentExecutor(GatewayAgentExecutor):

@@ -10,6 +10,13 @@ from tests.env_server_proc import (ROOT, EnvServerProcess, check_crafted_actions
                                    expert_episode, require_venv, server_fixture, venv_python)
 
 pytestmark = pytest.mark.timeout(120)
+# AgentGym's texts (tests/test_parity_searchqa.py compares them with AgentGym's own code)
+PROMPT_START = "You must reason inside <think>...</think> first."
+CORRECT = "Congratulations! You have answered the question correctly."
+INCORRECT = "Sorry, your answer is incorrect. Please try again."
+INVALID = ("Your previous action is invalid. If you want to search, you should put the query between <search> and "
+           "</search>. If you want to give the final answer, you should put the answer between <answer> and </answer>. "
+           "Please try again.")
 server = server_fixture("searchqa")
 DATA = os.path.join(ROOT, "env_gateway", "servers", "data", "searchqa")
 
@@ -23,12 +30,14 @@ def test_expert_searches_then_answers(server):
     items = shipped_items()
     for data_idx in (0, 31, len(items) - 1):
         first, steps = expert_episode(server, data_idx)
-        assert first == {"observation": f"Question: {items[data_idx]['question']}", "reward": 0, "done": False}
+        assert first["observation"].startswith(PROMPT_START)
+        assert first["observation"].endswith(f"\n\n Question: {items[data_idx]['question']}")
+        assert (first["reward"], first["done"]) == (0, False)
         (search, found), (answer, last) = steps
         assert search == f"<search>{items[data_idx]['question']}</search>"
-        assert found["observation"].startswith("<information>Doc 1 (Title: ") and not found["done"]
+        assert found["observation"].startswith("<information>Doc 1(Title: ") and not found["done"]
         assert answer == f"<answer>{items[data_idx]['answers'][0]}</answer>"
-        assert last == {"observation": "Your answer is correct.", "reward": 1, "done": True}
+        assert last == {"observation": CORRECT, "reward": 1, "done": True}
 
 
 def test_search_ranks_the_supporting_passage_first(server):
@@ -43,7 +52,7 @@ def test_search_ranks_the_supporting_passage_first(server):
         obs = server.ok("POST", "/step", {"id": env_id, "action": action})["observation"]
         docs = obs[len("<information>"):-len("</information>")].split("\n")
         assert len(docs) == 3
-        top1 += docs[0].startswith(f"Doc 1 (Title: {titles[item['doc_id']]})")
+        top1 += docs[0].startswith(f"Doc 1(Title: {titles[item['doc_id']]})")
     assert top1 >= 0.9 * len(shipped_items())
     server.ok("POST", "/close", {"id": env_id})
 
@@ -53,10 +62,11 @@ def test_answers_exact_match_after_normalisation_and_wrong_answers_do_not_end(se
     server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})  # capital of Australia: Canberra
     step = lambda a: server.ok("POST", "/step", {"id": env_id, "action": a})  # noqa: E731
     assert step("Thought:\nguess\n\nAction:\n<answer>Sydney</answer>") == \
-        {"observation": "Your answer is incorrect.", "reward": 0, "done": False}
+        {"observation": INCORRECT, "reward": 0, "done": False}
     assert step("<answer>canberra city</answer>")["reward"] == 0  # exact match, not containment
-    assert step("<answer> The Canberra. </answer>") == {"observation": "Your answer is correct.", "reward": 1,
-                                                         "done": True}
+    assert step("<answer>Canberra</answer>, no: <answer>Sydney</answer>")["reward"] == 0  # the last answer counts
+    assert step("<answer> The Canberra. </answer>") == {"observation": CORRECT, "reward": 1, "done": True}
+    assert step("<answer>Sydney</answer>") == {"observation": INCORRECT, "reward": 0, "done": False}  # as AgentGym
     server.ok("POST", "/close", {"id": env_id})
 
 
@@ -65,7 +75,7 @@ def test_garbage_action_is_an_invalid_action_not_an_error(server):
     server.ok("POST", "/reset", {"id": env_id, "data_idx": 2})
     for garbage in ("the answer is Mars", "<search>unclosed", "<answer></search>"):
         reply = server.ok("POST", "/step", {"id": env_id, "action": garbage})
-        assert reply["observation"].startswith("Invalid action: write <search>")
+        assert reply["observation"] == INVALID
         assert reply["reward"] == 0 and reply["done"] is False
     assert server.ok("POST", "/close", {"id": env_id}) == {"closed": env_id}
     assert server.call("POST", "/step", {"id": env_id, "action": "<answer>x</answer>"})[0] == 404
@@ -91,10 +101,10 @@ def test_corpus_and_qa_files_given_by_path(tmp_path):
     qa.write_text(json.dumps({"question": "Where is zorblat mined?", "answers": ["Quennic"]}) + "\n")
     with EnvServerProcess("searchqa", "--corpus", str(corpus), "--qa", str(qa), "--topk", "1") as srv:
         env_id = srv.ok("POST", "/create")["id"]
-        assert srv.ok("POST", "/reset", {"id": env_id, "data_idx": 0})["observation"] == \
-            "Question: Where is zorblat mined?"
+        assert srv.ok("POST", "/reset", {"id": env_id, "data_idx": 0})["observation"].endswith(
+            "\n\n Question: Where is zorblat mined?")
         found = srv.ok("POST", "/step", {"id": env_id, "action": "<search>zorblat mineral</search>"})
-        assert found["observation"] == ("<information>Doc 1 (Title: Zorblat) Zorblat is a made-up mineral mined on "
+        assert found["observation"] == ("<information>Doc 1(Title: Zorblat) Zorblat is a made-up mineral mined on "
                                         "the island of Quennic.</information>")
         assert srv.call("POST", "/reset", {"id": env_id, "data_idx": 1})[0] == 400  # only one question
     bad = subprocess.run([venv_python("searchqa"), "-m", "env_gateway.servers.searchqa", "--qa",

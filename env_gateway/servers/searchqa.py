@@ -1,17 +1,25 @@
-"""SearchQA: question answering with a search tool, as an AgentGym-protocol server (BM25 over a local corpus).
+"""SearchQA: question answering with a search tool, AgentGym's SearchQA server (agentenv-searchqa at 3ef9235) on a
+local corpus with BM25 in place of its e5 index over Wikipedia.
 
 Files (CLI options, defaults: the small set shipped in env_gateway/servers/data/searchqa/, written for this
 project): ``--corpus`` JSONL of ``{"id", "title", "text"}`` passages, ``--qa`` JSONL of
 ``{"question", "answers": [...]}``. ``data_idx`` indexes the QA file. Splits are ranges, test first (as AgentGym's
 SearchQA ids): test = the first 20%, dev = the next 10%, train = the rest.
 
-Actions (the first complete tag pair in the text counts, ``first_tag``; found in one pass, where a backtracking regex
-took seconds on ``"<search>" * 8000``):
-  ``<search>query</search>`` -> ``<information>`` the ``--topk`` best BM25 passages ``</information>``, reward 0;
-  ``<answer>text</answer>``  -> exact match against the gold answers after normalisation (lower case, no
-                                punctuation, no articles a/an/the, single spaces): reward 1 and done when it
-                                matches; otherwise reward 0, not done, and the observation says it was wrong;
-  anything else               -> an invalid-action observation, reward 0, not done.
+What the agent sees and earns is AgentGym's (``tests/test_parity_searchqa.py`` runs AgentGym's own step code on the
+same items and actions):
+  reset -> ``AGENTGYM_PROMPT`` + " Question: <question>";
+  the first complete ``<search>...</search>`` or ``<answer>...</answer>`` pair decides the action (``first_tag``,
+  found in one pass, where a backtracking regex took seconds on ``"<search>" * 8000``):
+  search -> ``<information>Doc 1(Title: t) text`` one line per passage, the ``--topk`` best BM25 passages, stripped
+            ``</information>``, reward 0;
+  answer -> reward = exact match of the LAST ``<answer>...</answer>`` in the action (stripped) with a gold answer,
+            both normalised as AgentGym does (lower case, ASCII punctuation dropped, the words a/an/the dropped,
+            whitespace collapsed); 1 ends the episode ("Congratulations! ..."), 0 does not ("Sorry, ...");
+  anything else -> AgentGym's invalid-action text, reward 0, not done.
+As in AgentGym, a step after the correct answer is played like any other. Differences, by design: an action over
+``max_action_chars`` (4096) or with a lone surrogate is the base server's invalid action; retrieval is BM25 over the
+given corpus (AgentGym: e5 dense retrieval over wiki-18), so a search returns other passages than AgentGym's.
 Expert (GET /expert): ``<search>question</search>`` first, then ``<answer>gold answer</answer>``.
 The retriever is ``rank_bm25.BM25Okapi`` over lower-cased word tokens of title + text, built once and shared.
 """
@@ -32,6 +40,20 @@ from env_gateway.servers._base import EnvServer, RequestError, serve
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "searchqa")
 DEFAULT_CORPUS = os.path.join(DATA_DIR, "corpus.jsonl")
 DEFAULT_QA = os.path.join(DATA_DIR, "qa.jsonl")
+# AgentGym's texts (agentenv-searchqa at 3ef9235), reproduced as the environment's output.
+AGENTGYM_PROMPT = (
+    "You must reason inside <think>...</think> first. If you do not have enough knowledge, issue a "
+    "<search>...</search> and then STOP. Do not generate <information> or <answer> yet. Wait for external input "
+    "wrapped in <information>...</information>. After receiving information, reason again in <think>. If confident, "
+    "output your final answer in <answer>...</answer>. Do not output <answer> before receiving <information> unless "
+    "you are fully confident. If you find no further external knowledge needed, you can directly provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Follow "
+    "this process every time.\n\n")
+CORRECT = "Congratulations! You have answered the question correctly."
+INCORRECT = "Sorry, your answer is incorrect. Please try again."
+INVALID = ("Your previous action is invalid. If you want to search, you should put the query between <search> and "
+           "</search>. If you want to give the final answer, you should put the answer between <answer> and </answer>. "
+           "Please try again.")
 SPLIT_FRACTIONS = {"test": (0.0, 0.2), "dev": (0.2, 0.3), "train": (0.3, 1.0)}
 
 
@@ -48,13 +70,28 @@ def first_tag(action: str) -> tuple[str, str] | None:
     return min(found)[1:] if found else None
 
 
+def last_answer(action: str) -> str | None:
+    """The inner text, stripped, of the last ``<answer>...</answer>`` of the pairs found left to right (each inner
+    text ends at the first closing tag after its opening tag, the next pair starts after it), or None."""
+    found, pos = None, 0
+    while (start := action.find("<answer>", pos)) != -1 and (end := action.find("</answer>", start + 8)) != -1:
+        found, pos = action[start + 8:end].strip(), end + 9
+    return found
+
+
 def tokenize(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())
 
 
+ARTICLES = re.compile(r"\b(a|an|the)\b")
+ASCII_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
 def normalize_answer(text: str) -> str:
-    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
-    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
+    """Lower case, ASCII punctuation dropped, then the words a/an/the (between word boundaries), whitespace collapsed:
+    AgentGym's normalisation, in its order (the punctuation goes first: "the." loses "the", "the-end" becomes
+    "theend")."""
+    return " ".join(ARTICLES.sub(" ", text.lower().translate(ASCII_PUNCTUATION)).split())
 
 
 def read_jsonl(path: str, required: tuple[str, ...]) -> list[dict]:
@@ -132,25 +169,22 @@ class SearchQAServer(EnvServer):
     def observation(self, ep: Episode) -> str:
         if ep.item is None:
             raise RequestError(409, "not_reset", "this instance has not been reset: POST /reset first")
-        return f"Question: {ep.item['question']}"
+        return f"{AGENTGYM_PROMPT} Question: {ep.item['question'].strip()}"
 
     def step(self, ep: Episode, action: str) -> dict:
-        if ep.done:
-            return {"observation": "The question is already answered: reset to start another.", "reward": 0,
-                    "done": True}
         tag = first_tag(action)
         if tag is None:
-            return {"observation": "Invalid action: write <search>your query</search> to search, or "
-                                   "<answer>your answer</answer> to answer.", "reward": 0, "done": False}
-        kind, text = tag[0], tag[1].strip()
-        if kind == "search":
+            return {"observation": INVALID, "reward": 0, "done": False}
+        if tag[0] == "search":
             ep.searched = True
-            docs = "\n".join(f"Doc {n} (Title: {d['title']}) {d['text']}" for n, d in enumerate(self.search(text), 1))
-            return {"observation": f"<information>{docs}</information>", "reward": 0, "done": False}
-        if normalize_answer(text) in {normalize_answer(a) for a in ep.item["answers"]}:
+            docs = "".join(f"Doc {n}(Title: {d['title']}) {d['text']}\n"
+                           for n, d in enumerate(self.search(tag[1].strip()), 1))
+            return {"observation": f"<information>{docs.strip()}</information>", "reward": 0, "done": False}
+        answer = last_answer(action)
+        if normalize_answer(answer) in {normalize_answer(a) for a in ep.item["answers"]}:
             ep.done = True
-            return {"observation": "Your answer is correct.", "reward": 1, "done": True}
-        return {"observation": "Your answer is incorrect.", "reward": 0, "done": False}
+            return {"observation": CORRECT, "reward": 1, "done": True}
+        return {"observation": INCORRECT, "reward": 0, "done": False}
 
     def expert_action(self, ep: Episode) -> str:
         if ep.done:
