@@ -4,7 +4,8 @@
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI:
-the quickstart's view-hesitant demonstrator), a tiny model and its SFT) unless ``<out>/<env>/warm_start/model-sft``
+the quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model
+and its SFT) unless ``<out>/<env>/warm_start/model-sft``
 exists. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that model: the
 quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns, held-out evals every ``--eval-every`` steps, and only the
 CoPE switches (``CONFIGS``; the forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed``
@@ -241,6 +242,9 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1:
         parser.error("--steps and --eval-every must be >= 1")
+    # The BabyAI warm start's demonstrator and the recipe were tuned on the compact text
+    # (env_gateway/servers/babyai.py); every server the study starts (warm start, trainer, evals) inherits it.
+    os.environ.setdefault("BABYAI_TEXT", "compact")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -74,8 +74,10 @@ def view_only_action(first_observation: str, observation: str, search: random.Ra
                          f"Got: {first_observation[:200]!r}")
     available = json.loads(observation.rsplit("Available actions: ", 1)[1].splitlines()[0])
     verb, color, kind = goal.groups()
-    act = f"{verb} {color} {kind} 1"
-    if act in available and not (search and search.random() < hesitation):
+    # "pick up" in the compact text, "pickup" in AgentGym's
+    act = next((a for a in (f"{verb} {color} {kind} 1", f"{verb.replace(' ', '')} {color} {kind} 1")
+                if a in available), None)
+    if act is not None and not (search and search.random() < hesitation):
         return act
     return search.choice([m for m in SEARCH_MOVES if m in available]) if search else "turn left"
 

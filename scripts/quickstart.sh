@@ -41,6 +41,9 @@ DEMOS="${QUICKSTART_DEMOS:-300}"
 HELDOUT="${QUICKSTART_HELDOUT:-200}"
 read -r -a COPE_FLAGS <<< "${QUICKSTART_COPE_FLAGS:-}"  # words, as on a command line
 PY="$ROOT/.venv/bin/python"
+# The recipe was tuned on the BabyAI server's compact text (env_gateway/servers/babyai.py); its default is AgentGym's.
+# Every server started below (warm start, trainer, evals) inherits the variable.
+export BABYAI_TEXT="${BABYAI_TEXT:-compact}"
 T0=$SECONDS
 CHILD=""
 

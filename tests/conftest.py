@@ -12,6 +12,10 @@ if ROOT not in sys.path:
 
 import cope_rlhf.compat  # noqa: E402,F401
 
+# The BabyAI tests' tiny models, demos and expected counts were made on the server's compact text; the servers they
+# start inherit this. AgentGym's text (the server's default) has its own tests: test_parity_babyai, test_server_babyai.
+os.environ.setdefault("BABYAI_TEXT", "compact")
+
 import pytest  # noqa: E402
 
 

@@ -54,6 +54,8 @@ def test_view_only_demonstrator_acts_on_the_goal_in_view_and_searches_otherwise(
     assert view_only_action(first, seen) == "go to red ball 1"  # the nearest red ball
     pick = _babyai_view("Your goal: pick up a blue key\n", ["turn left", "pick up blue key 1", "go to blue key 1"])
     assert view_only_action(pick, pick) == "pick up blue key 1"
+    agentgym = _babyai_view("Your goal: pick up a blue key\n", ["turn left", "pickup blue key 1", "go to blue key 1"])
+    assert view_only_action(agentgym, agentgym) == "pickup blue key 1"  # AgentGym's text writes "pickup"
 
 
 def test_random_search_picks_listed_moves_and_repeats_per_item():

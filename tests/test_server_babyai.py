@@ -1,14 +1,16 @@
-"""The BabyAI server, run for real from .venvs/babyai: AgentGym's tasks, the compact text (default) and AgentGym's
-(``--text agentgym``), high-level actions, bot expert, sessions. Parity with AgentGym's own server:
+"""The BabyAI server, run for real from .venvs/babyai: AgentGym's tasks, AgentGym's text (the default) and the
+compact one (``--text compact``, or BABYAI_TEXT=compact as tests/conftest.py sets for the tests' servers), high-level
+actions, bot expert, sessions. Parity with AgentGym's own server:
 tests/test_parity_babyai.py."""
 
 import json
+import subprocess
 import time
 
 import pytest
 
-from tests.env_server_proc import (EnvServerProcess, check_crafted_actions, check_no_cross_talk, expert_episode,
-                                   require_venv, server_fixture)
+from tests.env_server_proc import (ROOT, EnvServerProcess, check_crafted_actions, check_no_cross_talk,
+                                   expert_episode, require_venv, server_fixture, venv_python)
 
 pytestmark = pytest.mark.timeout(120)
 server = server_fixture("babyai")
@@ -176,6 +178,18 @@ def test_same_item_same_first_observation_across_restarts(server):
     with EnvServerProcess("babyai") as other:
         assert [expert_episode(other, i, max_turns=0)[0] for i in ids] == firsts
     assert firsts[0]["observation"] != firsts[1]["observation"]
+
+
+def test_agentgyms_text_is_the_default_and_babyai_text_picks_another(agentgym_text, monkeypatch):
+    require_venv("babyai")
+    monkeypatch.delenv("BABYAI_TEXT")
+    expected = expert_episode(agentgym_text, 5, max_turns=0)[0]
+    with EnvServerProcess("babyai") as default:
+        assert expert_episode(default, 5, max_turns=0)[0] == expected
+    monkeypatch.setenv("BABYAI_TEXT", "fancy")
+    bad = subprocess.run([venv_python("babyai"), "-m", "env_gateway.servers.babyai", "--port", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "unknown text 'fancy' (from --text or BABYAI_TEXT)" in bad.stderr
 
 
 def test_item_splits_are_disjoint_and_bad_ids_are_rejected(server):
