@@ -8,7 +8,10 @@ The venv comes from ``bash scripts/setup_env.sh agentgym-ENV`` (pins + the packa
 ``../shared/agentgym-3ef9235`` beside the repository). uvicorn binds port 0 and logs the port it got ("Uvicorn running
 on http://127.0.0.1:PORT"), read from the log file as for the built-in servers; the process is stopped by PID on
 exit, also when the test fails. The working directory is the package's folder because TextCraft reads its recipes
-relative to it. ``agentgym_fixture`` skips, with the reason, when the checkout or the venv is missing.
+relative to it. ``environ`` sets environment variables for the server (through ``env VAR=VALUE``, which execs the
+server in the same process): ALFWorld's server reads its games from ``~/.cache/alfworld`` whatever the caller says,
+so its test points HOME at a made-up data folder. ``agentgym_fixture`` skips, with the reason, when the checkout or
+the venv is missing.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ class AgentGymServer(EnvServerProcess):
 
     listening = UVICORN_PORT
 
-    def __init__(self, env: str, startup_timeout: float = 120.0):
+    def __init__(self, env: str, startup_timeout: float = 120.0, environ: dict[str, str] | None = None):
         super().__init__(f"agentgym-{env}", startup_timeout=startup_timeout)
         self.env = env
         self.cwd = os.path.join(AGENTGYM_DIR, f"agentenv-{env}")
+        self.environ = dict(environ or {})
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "uvicorn", f"agentenv_{self.env}:app", "--host", "127.0.0.1", "--port", "0"]
+        prefix = ["env", *(f"{k}={v}" for k, v in self.environ.items())] if self.environ else []
+        return [*prefix, self.python, "-m", "uvicorn", f"agentenv_{self.env}:app", "--host", "127.0.0.1", "--port", "0"]
 
 
 def require_agentgym(env: str) -> None:
