@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 from env_gateway.servers.process import ROOT, EnvServerProcess, venv_python
 
@@ -62,3 +64,30 @@ def agentgym_fixture(env: str, scope: str = "module"):
             yield proc
 
     return _reference
+
+
+def compare_in_threads(open_pair: Callable[[], Any], check_item: Callable[[Any, int], dict[str, str | None]],
+                       items: list[int], threads: int) -> list[tuple[int, dict[str, str | None]]]:
+    """``check_item(pair, item)`` -> {check: None when equal, else the first difference} for every item, ``threads``
+    pairs of sessions at once (one per thread: both servers work while the test waits); each pair is
+    ``open_pair()``'s, closed (``pair.close()``) after its share, also when a check raises. In item order."""
+    def run(share: list[int]) -> list[tuple[int, dict]]:
+        pair = open_pair()
+        try:
+            return [(item, check_item(pair, item)) for item in share]
+        finally:
+            pair.close()
+
+    with ThreadPoolExecutor(threads) as pool:
+        found = dict(r for share in pool.map(run, [items[k::threads] for k in range(threads)]) for r in share)
+    return [(item, found[item]) for item in items]
+
+
+def match_report(title: str, results: list[tuple[int, dict[str, str | None]]], checks: list[str]) -> list[str]:
+    """Prints "check: equal/compared" per check (an item without that check was not compared on it) under ``title``
+    and returns the differences, "data_idx I check: difference", in item order."""
+    table = [f"{check}: {sum(r[check] is None for _, r in results if check in r)}/"
+             f"{sum(check in r for _, r in results)}" for check in checks]
+    print(f"\n{title}:\n  " + "\n  ".join(table))
+    return [f"data_idx {item} {check}: {r[check][:600]}" for item, r in results for check in checks
+            if r.get(check) is not None]

@@ -39,12 +39,12 @@ import json
 import itertools
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from env_gateway.servers.process import EnvServerProcess, venv_python
-from tests.agentgym_proc import AGENTGYM_DIR, AgentGymServer, require_agentgym
+from tests.agentgym_proc import (AGENTGYM_DIR, AgentGymServer, compare_in_threads, match_report,
+                                 require_agentgym)
 from tests.env_server_proc import require_venv
 
 pytestmark = pytest.mark.timeout(480)  # ~4.5 min on 2 loaded cores: 202 AgentGym resets at ~0.85 s, one at a time
@@ -189,24 +189,11 @@ def _check_item(session: Session, data_idx: int) -> dict[str, str | None]:
 
 
 def test_builtin_server_matches_agentgyms_item_for_item(builtin, reference):
-    def run(chunk: list[int]) -> list[tuple[int, dict]]:
-        session = Session(builtin, reference)
-        try:
-            return [(i, _check_item(session, i)) for i in chunk]
-        finally:
-            session.close()
-
-    with ThreadPoolExecutor(THREADS) as pool:
-        results = [r for chunk in pool.map(run, [ITEMS[k::THREADS] for k in range(THREADS)]) for r in chunk]
-    report = []
-    for check in ("reset", "script", "expert"):
-        checked = [(i, r[check]) for i, r in results if check in r]
-        bad = [(i, diff) for i, diff in checked if diff is not None]
-        report.append(f"{check}: {len(checked) - len(bad)}/{len(checked)}"
-                      + (f" (first mismatch: data_idx {bad[0][0]}: {bad[0][1][:600]})" if bad else ""))
-    print("\nALFWorld parity, built-in (--mapping) vs AgentGym:\n" + "\n".join(report))
-    assert len(results) == len(ITEMS) and sum("expert" in r for _, r in results) == len(DEEP)
-    assert all(r[c] is None for _, r in results for c in r), "\n".join(report)
+    results = compare_in_threads(lambda: Session(builtin, reference), _check_item, ITEMS, THREADS)
+    differences = match_report("ALFWorld parity, built-in (--mapping) vs AgentGym", results,
+                               ["reset", "script", "expert"])
+    assert sum("expert" in r for _, r in results) == len(DEEP)
+    assert not differences, "\n".join(differences[:12])
 
 
 def test_item_ids_follow_agentgyms_mapping(builtin):

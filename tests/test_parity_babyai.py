@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.agentgym_proc import agentgym_fixture
+from tests.agentgym_proc import agentgym_fixture, compare_in_threads, match_report
 from tests.env_server_proc import server_fixture
 
 pytestmark = pytest.mark.timeout(240)
@@ -111,22 +110,10 @@ def _check_item(session: Session, data_idx: int) -> dict[str, str | None]:
 
 
 def test_builtin_server_matches_agentgyms_item_for_item(builtin, reference):
-    def run(chunk: list[int]) -> list[tuple[int, dict]]:
-        session = Session(builtin, reference)
-        try:
-            return [(i, _check_item(session, i)) for i in chunk]
-        finally:
-            session.close()
-
-    with ThreadPoolExecutor(THREADS) as pool:
-        results = [r for chunk in pool.map(run, [ITEMS[k::THREADS] for k in range(THREADS)]) for r in chunk]
-    report = []
-    for check in ("goal", "first observation", "script", "expert"):
-        bad = [(i, r[check]) for i, r in results if r[check] is not None]
-        report.append(f"{check}: {len(results) - len(bad)}/{len(results)}"
-                      + (f" (first mismatch: data_idx {bad[0][0]}: {bad[0][1][:600]})" if bad else ""))
-    print("\nBabyAI parity, built-in (--text agentgym) vs AgentGym:\n" + "\n".join(report))
-    assert all(r[c] is None for _, r in results for c in r), "\n".join(report)
+    results = compare_in_threads(lambda: Session(builtin, reference), _check_item, ITEMS, THREADS)
+    differences = match_report("BabyAI parity, built-in (--text agentgym) vs AgentGym", results,
+                               ["goal", "first observation", "script", "expert"])
+    assert not differences, "\n".join(differences[:12])
 
 
 def test_compact_text_has_agentgyms_goals(compact, reference):

@@ -35,12 +35,11 @@ import json
 import os
 import subprocess
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
 
 import pytest
 
-from tests.agentgym_proc import AGENTGYM_DIR, AgentGymServer, require_agentgym
+from tests.agentgym_proc import AGENTGYM_DIR, AgentGymServer, compare_in_threads, match_report, require_agentgym
 from tests.env_server_proc import server_fixture, venv_python
 
 pytestmark = pytest.mark.timeout(300)
@@ -216,22 +215,9 @@ def compare_item(pair: Pair, data_idx: int, ref: dict) -> dict[str, str | None]:
     return found
 
 
-def compare_items(builtin, reference, oracle: dict, items: list[int]) -> dict[int, dict]:
-    pair = Pair(builtin, reference)
-    try:
-        return {idx: compare_item(pair, idx, oracle[idx]) for idx in items}
-    finally:
-        pair.close()
-
-
 def test_builtin_server_reproduces_agentgym(builtin, reference, oracle):
-    with ThreadPoolExecutor(THREADS) as pool:  # one pair of sessions per thread: the servers work while we wait
-        parts = pool.map(compare_items, *zip(*[(builtin, reference, oracle, ITEMS[i::THREADS])
-                                              for i in range(THREADS)]))
-        results = {idx: found for part in parts for idx, found in part.items()}
-    checks = ["goal", "first observation", "script", "expert"]
-    table = [f"{check}: {sum(r[check] is None for r in results.values())}/{len(ITEMS)}" for check in checks]
-    print("\nTextCraft parity (built-in vs AgentGym 3ef9235):\n  " + "\n  ".join(table))
-    failures = [f"data_idx {idx} {check}: {results[idx][check]}" for idx in ITEMS for check in checks
-                if results[idx][check] is not None]
-    assert not failures, "; ".join(table) + "\nfirst differences:\n" + "\n".join(failures[:12])
+    results = compare_in_threads(lambda: Pair(builtin, reference),
+                                 lambda pair, idx: compare_item(pair, idx, oracle[idx]), ITEMS, THREADS)
+    differences = match_report("TextCraft parity (built-in vs AgentGym 3ef9235)", results,
+                               ["goal", "first observation", "script", "expert"])
+    assert not differences, "first differences:\n" + "\n".join(differences[:12])
