@@ -253,7 +253,7 @@ class GatewayProc:
     reference proxy (``bare``) or the gateway on aiohttp's client (``aiohttp``), on the port it bound (``--port 0``;
     its log names it)."""
 
-    LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+    LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 
     def __init__(self, backend: str, method: str = "gateway"):
         flags = ["--port", "0", "--env", f"bench:agentgym={backend}", "--max-concurrency", "100000",
@@ -262,7 +262,7 @@ class GatewayProc:
         bare = [os.path.join(ROOT, "benchmarks", "bare_proxy.py"), "--port", "0", "--backend", backend]
         argv = {"gateway": ["-m", "env_gateway", *flags],
                 "aiohttp": [os.path.join(ROOT, "benchmarks", "aiohttp_gateway.py"), *flags], "bare": bare}[method]
-        self.log = tempfile.TemporaryFile("w+")
+        self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = wait_listening(self.proc, self.log, self.LISTENING, lambda url: bool(fetch(url + "/v1/health")),
                                   f"the {method} proxy", timeout=60)

@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an environment and its replica URLs; the name picks the protocol adapter unless ADAPTER "
                         "is given (a registered name or package.module:Class)")
     p.add_argument("--spawn", action="append", default=[], metavar="NAME[:ADAPTER]=CMD:N",
-                   help="start N replicas of CMD (which must contain {port}) and restart any that die")
+                   help="start N replicas of CMD and restart any that die; CMD contains {fd} (a socket the gateway "
+                        "binds and passes, e.g. '... -m env_gateway.servers.babyai --fd {fd}') or {port} (a free port "
+                        "the server binds itself)")
     for f in fields(GatewayConfig):
         if "help" in f.metadata:  # every scalar setting (config.setting); flags override --config where given
             p.add_argument("--" + f.name.replace("_", "-"), type=scalar_settings()[f.name], default=None,
@@ -67,13 +69,13 @@ def main(argv: list[str] | None = None) -> None:
         for env in cfg.envs.values():  # spawned replicas join the pool as ordinary URLs
             if env.spawn:
                 planned[env.name] = Supervisor.plan(env.spawn.cmd, env.spawn.replicas)
-                env.urls += [url for url, _ in planned[env.name]]
+                env.urls += [url for url, _, _ in planned[env.name]]
         gateway = Gateway(cfg)
     except ConfigError as e:
         parser.error(str(e))
     for name, children in planned.items():
-        for url, argv_ in children:
-            supervisor.add(name, argv_, next(r for r in gateway.pools[name].replicas if r.url == url))
+        for url, argv_, sock in children:
+            supervisor.add(name, argv_, next(r for r in gateway.pools[name].replicas if r.url == url), sock)
     app = gateway.app()
     app.on_startup.insert(0, supervisor.start)
     app.on_cleanup.append(supervisor.stop)

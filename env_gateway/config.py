@@ -3,7 +3,7 @@
     python -m env_gateway --host 127.0.0.1 --port 8800 \\
         --env babyai=http://127.0.0.1:8001,http://127.0.0.1:8002 \\
         --env mysci:sciworld=http://10.0.0.5:8000 \\        # NAME:ADAPTER=URLS (adapter by name or pkg.mod:Class)
-        --spawn textcraft='.venvs/textcraft/bin/python -m env_gateway.servers.textcraft --port {port}':2
+        --spawn textcraft='.venvs/textcraft/bin/python -m env_gateway.servers.textcraft --fd {fd}':2
 
 The YAML file holds the same settings (flags given on the command line win)::
 
@@ -14,7 +14,7 @@ The YAML file holds the same settings (flags given on the command line win)::
       babyai:
         urls: [http://127.0.0.1:8001]
       textcraft:
-        spawn: {cmd: ".venvs/textcraft/bin/python -m env_gateway.servers.textcraft --port {port}", replicas: 2}
+        spawn: {cmd: ".venvs/textcraft/bin/python -m env_gateway.servers.textcraft --fd {fd}", replicas: 2}
       sokoban:
         adapter: gym
         options: {env_name: verl_env/sokoban-v0, env_kwargs: {dim_room: [5, 5]}}
@@ -41,7 +41,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class SpawnSpec:
-    cmd: str  # must contain {port}; the gateway binds each replica to a free port of 127.0.0.1
+    cmd: str  # must contain {fd} (the socket the gateway binds and passes) or {port}: env_gateway/spawn.py
     replicas: int = 1
 
 
@@ -107,9 +107,10 @@ class GatewayConfig:
             for url in env.urls:
                 if not url.startswith(("http://", "https://")):
                     raise ConfigError(f"env {env.name!r}: backend URL {url!r} must start with http:// or https://")
-            if env.spawn and "{port}" not in env.spawn.cmd:
-                raise ConfigError(f"env {env.name!r}: the spawn command must contain {{port}} (where the replica "
-                                  f"listens), e.g. '... --host 127.0.0.1 --port {{port}}'; got {env.spawn.cmd!r}")
+            if env.spawn and "{port}" not in env.spawn.cmd and "{fd}" not in env.spawn.cmd:
+                raise ConfigError(f"env {env.name!r}: the spawn command must contain {{fd}} (the socket the gateway "
+                                  f"binds for the replica, e.g. '... -m env_gateway.servers.{env.name} --fd {{fd}}') "
+                                  f"or {{port}} (the port it binds itself); got {env.spawn.cmd!r}")
             if env.spawn and env.spawn.replicas < 1:
                 raise ConfigError(f"env {env.name!r}: spawn replicas must be >= 1")
             if env.max_concurrency is not None and env.max_concurrency < 1:
@@ -139,7 +140,7 @@ def parse_spawn_flag(text: str) -> tuple[str, str, SpawnSpec]:
     cmd, colon, count = rest.rpartition(":")
     if not sep or not name or not colon or not count.strip().isdigit() or not cmd.strip():
         raise ConfigError(f"--spawn {text!r}: expected NAME=CMD:N, e.g. --spawn "
-                          "babyai='.venvs/babyai/bin/python -m env_gateway.servers.babyai --port {port}':2")
+                          "babyai='.venvs/babyai/bin/python -m env_gateway.servers.babyai --fd {fd}':2")
     name, _, adapter = name.partition(":")
     return name.strip(), adapter.strip(), SpawnSpec(cmd.strip(), int(count))
 
@@ -158,7 +159,7 @@ def _env_from_yaml(name: str, raw: Any) -> EnvConfig:
     spawn = raw.get("spawn")
     if spawn is not None:
         if not isinstance(spawn, dict) or "cmd" not in spawn:
-            raise ConfigError(f"envs.{name}.spawn: expected {{cmd: '... --port {{port}}', replicas: N}}")
+            raise ConfigError(f"envs.{name}.spawn: expected {{cmd: '... --fd {{fd}}', replicas: N}}")
         spawn = SpawnSpec(str(spawn["cmd"]), int(spawn.get("replicas", 1)))
     return EnvConfig(name=name, urls=[str(u).rstrip("/") for u in urls], adapter=str(raw.get("adapter") or ""),
                      options=dict(raw.get("options") or {}), max_concurrency=raw.get("max_concurrency"), spawn=spawn)

@@ -313,19 +313,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description="fake AgentGym-protocol env server (load tests and plumbing checks; "
                                 "no environment behind it)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True, help="0: any free port (printed to stderr)")
+    p.add_argument("--port", type=int, default=None, help="0: any free port (printed to stderr)")
+    p.add_argument("--fd", type=int, default=None, help="serve on this inherited, already-bound socket (the "
+                   "gateway's --spawn '... --fd {fd}')")
     p.add_argument("--variant", default="agentgym", choices=VARIANTS)
     p.add_argument("--delay", type=float, default=0.0, help="seconds of simulated work per reset/step")
     p.add_argument("--episode-len", type=int, default=5)
     p.add_argument("--uvloop", action="store_true")
     args = p.parse_args()
+    if (args.port is None) == (args.fd is None):
+        p.error("give --port (0: any free port) or --fd (an inherited socket), one of them")
     loop = None
     if args.uvloop:
         import uvloop
         loop = uvloop.new_event_loop()
     backend = FakeBackend(args.variant, delay=args.delay, episode_len=args.episode_len)
-    sock, port = bound_socket(args.host, args.port)  # --port 0: any free port, printed below
-    print(f"fake backend listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
+    sock, port = bound_socket(args.host, args.port, args.fd)  # --port 0: any free port, printed below
+    print(f"fake backend listening on http://{sock.getsockname()[0]}:{port}", file=sys.stderr, flush=True)
     web.run_app(backend.app(), sock=sock, access_log=None, print=None, loop=loop, backlog=4096)
 
 

@@ -54,7 +54,9 @@ def test_config_file_episode_and_clean_shutdown(tmp_path):
 
 
 def test_spawned_replicas_restart_after_dying():
-    cmd = f"{sys.executable} -m env_gateway.fake_backend --host 127.0.0.1 --port {{port}} --episode-len 2"
+    """``--fd {fd}``: the gateway binds each replica's socket and holds it, so while a replica is down no other
+    process can take its port, and the restarted replica serves the same URL."""
+    cmd = f"{sys.executable} -m env_gateway.fake_backend --fd {{fd}} --episode-len 2"
     with GatewayProcess("--spawn", f"fake:agentgym={cmd}:2", "--health-interval", "0.2", ready="healthy") as gw:
         deadline = time.monotonic() + 20
         while True:  # both replicas up
@@ -65,7 +67,14 @@ def test_spawned_replicas_restart_after_dying():
             time.sleep(0.1)
         assert len(replicas) == 2 and all(r["healthy"] and r["pid"] for r in replicas)
         victim = replicas[0]
+        assert "--fd" in open(f"/proc/{victim['pid']}/cmdline").read().split("\0")
         os.kill(victim["pid"], signal.SIGKILL)
+        while os.path.exists(f"/proc/{victim['pid']}"):  # reaped by the gateway at once; restarted after 1 s
+            time.sleep(0.01)
+        with socket.socket() as intruder:  # the replica is dead: its port is still the gateway's
+            intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind (TIME_WAIT is no bar)
+            with pytest.raises(OSError, match="in use"):
+                intruder.bind(("127.0.0.1", int(victim["url"].rsplit(":", 1)[1])))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             _, envs = get(gw.url + "/v1/envs")
@@ -89,6 +98,7 @@ def test_spawned_replicas_restart_after_dying():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="replicas die with the gateway through prctl, Linux only")
 def test_spawned_replicas_die_with_a_killed_gateway():
+    """(Also the ``{port}`` form, for a server that can only bind a port itself.)"""
     cmd = f"{sys.executable} -m env_gateway.fake_backend --host 127.0.0.1 --port {{port}}"
     with GatewayProcess("--spawn", f"fake:agentgym={cmd}:2", "--health-interval", "0.2", ready="healthy") as gw:
         deadline = time.monotonic() + 20
@@ -116,7 +126,7 @@ def test_spawned_replicas_die_with_a_killed_gateway():
     (["--env", "babyai"], "expected NAME=URL"),
     (["--env", "nethack=http://127.0.0.1:1"], "no adapter named 'nethack'"),
     (["--env", "babyai=127.0.0.1:1"], "must start with http://"),
-    (["--spawn", "babyai=python -m x:2"], "must contain {port}"),
+    (["--spawn", "babyai=python -m x:2"], "must contain {fd}"),
     (["--spawn", "babyai=python -m x"], "expected NAME=CMD:N"),
     (["--config", "/nonexistent/gw.yaml"], "no such file"),
     (["--env", "babyai=http://127.0.0.1:1", "--max-concurrency", "0"], "max_concurrency must be >= 1"),
@@ -196,3 +206,29 @@ def test_connections_that_send_no_whole_request_are_closed_after_read_timeout():
                 conn.close()
         finally:
             gw.stop()
+
+
+def test_a_server_given_a_bad_fd_says_what_fd_is_for():
+    out = subprocess.run([sys.executable, "-m", "env_gateway.fake_backend", "--fd", "987"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "--fd 987: not an open socket" in out.stderr and "--port" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "env_gateway.fake_backend"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2 and "give --port" in out.stderr
+
+
+def test_reading_a_servers_log_while_it_writes_loses_nothing(tmp_path):
+    """wait_listening / log_tail read the file a server writes its log to. The server writes through the same open
+    file (and offset): reading by seek(0) + read made its next write land over its earlier lines."""
+    from env_gateway.servers.process import log_tail, log_text
+
+    lines = 100_000
+    with open(tmp_path / "log", "w+b") as log:
+        writer = subprocess.Popen([sys.executable, "-c", f"import sys\nfor i in range({lines}): "
+                                   "sys.stdout.write(f'{i:07d}\\n'); sys.stdout.flush()"], stdout=log)
+        reads = 0
+        while writer.poll() is None or reads == 0:
+            log_tail(log)
+            reads += 1
+        assert writer.wait(timeout=60) == 0
+        assert log_text(log) == b"".join(b"%07d\n" % i for i in range(lines)), f"after {reads} reads"

@@ -1,35 +1,32 @@
 """The environment side of a local run: the gateway, with the env server(s) it supervises.
 
-    python -m env_gateway --host 127.0.0.1 --port <free> --spawn <env>='<.venvs/env>/bin/python -m
-        env_gateway.servers.<env> --host 127.0.0.1 --port {port}':<replicas>
+    python -m env_gateway --host 127.0.0.1 --port 0 --spawn <env>='<.venvs/env>/bin/python -m
+        env_gateway.servers.<env> --fd {fd}':<replicas>
 
 ``EnvStack`` starts that as one subprocess in its own process group (the gateway starts, restarts and stops its
-replicas), waits until ``GET /v1/health`` says every env has a healthy replica (bounded), and on exit stops the
-whole group (SIGTERM, then SIGKILL after 10 s). With ``url`` given it only checks that gateway's health.
+replicas, each on a socket the gateway bound), reads the port the gateway bound from its log, waits until
+``GET /v1/health`` says every env has a healthy replica (bounded), and on exit stops the whole group (SIGTERM, then
+SIGKILL after 10 s). With ``url`` given it only checks that gateway's health.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from typing import Optional
 
+from env_gateway.servers.process import wait_listening
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LISTENING = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
 
 
 def gateway_health(url: str, timeout: float = 5.0) -> Optional[dict]:
@@ -48,14 +45,14 @@ class EnvStack:
         self.proc: Optional[subprocess.Popen] = None
         self.log = None
 
-    def command(self, port: int) -> list:
+    def command(self) -> list:
         python = os.path.join(ROOT, ".venvs", self.env, "bin", "python")
         if not os.path.exists(python):
             raise FileNotFoundError(f"no venv for the {self.env} server at {python}: run "
                                     f"`bash scripts/setup_env.sh {self.env}`")
-        server = f"{shlex.quote(python)} -m env_gateway.servers.{self.env} --host 127.0.0.1 --port {{port}}"
-        return [sys.executable, "-m", "env_gateway", "--host", "127.0.0.1", "--port", str(port), "--no-uvloop",
-                "--health-interval", "1", "--log-level", "WARNING", "--spawn", f"{self.env}={server}:{self.replicas}"]
+        server = f"{shlex.quote(python)} -m env_gateway.servers.{self.env} --fd {{fd}}"
+        return [sys.executable, "-m", "env_gateway", "--host", "127.0.0.1", "--port", "0", "--no-uvloop",
+                "--health-interval", "1", "--spawn", f"{self.env}={server}:{self.replicas}"]
 
     def __enter__(self) -> "EnvStack":
         if self.url:
@@ -63,23 +60,16 @@ class EnvStack:
                 raise ConnectionError(f"the gateway at {self.url} is not healthy (GET /v1/health): start it, or "
                                       "drop --local.gateway_url to let the trainer start one")
             return self
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile(prefix="cope-gateway-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(self.command(port), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.__exit__()
-                raise RuntimeError(f"the gateway exited with {self.proc.returncode}; log: {self.log.name}\n"
-                                   f"{self.tail()}")
-            if gateway_health(self.url, timeout=2) is not None:
-                return self
-            time.sleep(0.3)
-        self.__exit__()
-        raise TimeoutError(f"the {self.env} server did not become healthy within {self.startup_timeout:.0f} s; "
-                           f"log: {self.log.name}\n{self.tail()}")
+        try:
+            self.url = wait_listening(self.proc, self.log, LISTENING, lambda url: gateway_health(url, 2) is not None,
+                                      f"the gateway for {self.env} (log: {self.log.name})", self.startup_timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
 
     def tail(self) -> str:
         with open(self.log.name, errors="replace") as f:

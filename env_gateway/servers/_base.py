@@ -1,6 +1,7 @@
 """Shared scaffolding for the built-in environment servers (AgentGym protocol).
 
-Contract every server module follows (``python -m env_gateway.servers.<name> --host H --port P``):
+Contract every server module follows (``python -m env_gateway.servers.<name> --host H --port P``, or ``--fd N``: serve
+on an inherited bound socket, as the gateway's ``--spawn`` passes one):
 
     GET  /                          health: {"status": "ok", "env": name, "instances": n, "max_instances": m}
     POST /create                    -> {"id": n}
@@ -140,9 +141,19 @@ def json_errors(env_name: str) -> Callable:
     return errors
 
 
-def bound_socket(host: str, port: int) -> tuple[socket.socket, int]:
+def bound_socket(host: str, port: int, fd: int | None = None) -> tuple[socket.socket, int]:
     """A socket bound to (host, port) for ``web.run_app(sock=...)``, and its port: bound before serving, so a server
-    started with ``--port 0`` can log the port it got (the gateway, every env server, the tests' fake backend)."""
+    started with ``--port 0`` can log the port it got (the gateway, every env server, the tests' fake backend).
+    With ``fd``: the already-bound socket this process inherited under that number (the gateway's ``--spawn ...
+    --fd {fd}``), host and port ignored."""
+    if fd is not None:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError as e:
+            raise SystemExit(f"--fd {fd}: not an open socket inherited from the parent process ({e.strerror}); "
+                             "--fd is for a parent that binds the socket (the gateway's --spawn '... --fd {fd}'), "
+                             "otherwise use --port") from None
+        return sock, sock.getsockname()[1]
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
@@ -380,6 +391,8 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0: any free port (the log's 'listening on' line "
                         "says which)")
+    parser.add_argument("--fd", type=int, default=None, help="serve on this inherited, already-bound socket instead "
+                        "of binding --host/--port (what the gateway's --spawn '... --fd {fd}' passes)")
     parser.add_argument("--max-instances", type=int, default=256)
     parser.add_argument("--workers", type=int, default=8, help="threads that run blocking env calls")
     parser.add_argument("--instance-ttl", type=float, default=server_cls.instance_ttl,
@@ -391,10 +404,11 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.instance_ttl <= 0:
         parser.error(f"--instance-ttl must be > 0 seconds, got {args.instance_ttl}")
-    extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "log_level", "instance_ttl")}
+    extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "fd", "log_level", "instance_ttl")}
     server = server_cls(**extra)
     server.instance_ttl = args.instance_ttl
-    sock, port = bound_socket(args.host, args.port)  # the log names the port --port 0 got
+    sock, port = bound_socket(args.host, args.port, args.fd)  # the log names the port --port 0 got
+    host = sock.getsockname()[0]
     # run_app turns SIGINT and SIGTERM into a graceful shutdown, which closes every instance.
     web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
-        "%s server listening on http://%s:%d", server_cls.name, args.host, port))
+        "%s server listening on http://%s:%d", server_cls.name, host, port))

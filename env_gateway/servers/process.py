@@ -59,10 +59,20 @@ def stop_process(proc: subprocess.Popen | None) -> None:
             proc.wait(timeout=10)
 
 
+def log_text(log) -> bytes:
+    """Everything a subprocess has written so far to ``log``, the file it was given as stdout/stderr. Read with
+    ``pread``: the child writes through the same open file, so moving its offset (``seek(0)``) would make the
+    child's next write land over what it wrote before."""
+    chunks, offset = [], 0
+    while chunk := os.pread(log.fileno(), 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def log_tail(log) -> str:
     """The last 5000 characters a subprocess wrote to its log file."""
-    log.seek(0)
-    return log.read().decode(errors="replace")[-5000:]
+    return log_text(log).decode(errors="replace")[-5000:]
 
 
 def wait_listening(proc: subprocess.Popen, log, pattern: re.Pattern, ready: Callable[[str], bool], what: str,
@@ -75,8 +85,7 @@ def wait_listening(proc: subprocess.Popen, log, pattern: re.Pattern, ready: Call
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log_tail(log)}")
         if url is None:
-            log.seek(0)
-            found = pattern.search(log.read())
+            found = pattern.search(log_text(log))
             url = f"http://127.0.0.1:{int(found.group(1))}" if found else None
         try:
             if url is not None and ready(url):
