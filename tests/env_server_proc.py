@@ -1,7 +1,7 @@
 """The tests' side of the built-in env servers: ``EnvServerProcess`` and ``call`` (env_gateway/servers/process.py,
 shared with the scripts), episode helpers that drive the AgentGym protocol (``expert_episode``, ``replay``,
 ``check_no_cross_talk``, ``check_crafted_actions``), and pytest helpers (``require_venv``, ``server_fixture``) that
-skip with a clear reason when a server's venv has not been built, and ports (``refusing_port``, ``free_port``).
+skip with a clear reason when a server's venv has not been built, and a port nothing listens on (``refusing_port``).
 """
 
 from __future__ import annotations
@@ -27,13 +27,6 @@ def refusing_port() -> Iterator[socket.socket]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield s
-
-
-def free_port() -> int:
-    """A port free now (for a server a test starts that cannot bind port 0 itself)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def expert_episode(server: EnvServerProcess, data_idx: int, max_turns: int = 200

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 
 from cope_rlhf.config import CoPEConfig
 from tests.conftest import ROOT
-from tests.env_server_proc import call, free_port, refusing_port, venv_python
+from tests.env_server_proc import call, refusing_port, venv_python
 
 ENVS = ["babyai", "sciworld", "textcraft", "alfworld", "searchqa", "webshop", "webarena", "appworld", "tau2"]
 RUN = [f"scripts/run_{env}_grpo_train.sh" for env in ENVS]
@@ -345,19 +346,29 @@ def tmux_server_running(session: str) -> bool:
     return done.returncode == 0 or os.path.exists(socket)
 
 
+def gateway_url(launcher_stdout: str) -> str:
+    found = re.search(r"servers and gateway are up at (http://127\.0\.0\.1:\d+);", launcher_stdout)
+    assert found, launcher_stdout
+    return found.group(1)
+
+
 def test_tmux_launcher_brings_up_babyai_and_gateway_then_tears_down():
+    """Port 0 everywhere: each server and the gateway bind a free port, and the launcher reads it from the window."""
     tmux_ready()
-    session, gateway_port = f"cope-test-{os.getpid()}", free_port()
+    session = f"cope-test-{os.getpid()}"
     pids: list[int] = []
     try:
-        up = launch(session, LAUNCH_ONLY="1", ENV_SERVER_PORT=str(free_port()), GATEWAY_PORT=str(gateway_port),
+        up = launch(session, LAUNCH_ONLY="1", ENV_REPLICAS="2", ENV_SERVER_PORT="0", GATEWAY_PORT="0",
                     HEALTH_TIMEOUT="90")
         assert up.returncode == 0, up.stdout + up.stderr
         assert "all servers healthy" in up.stdout
         pids = session_pids(session)
-        assert len(pids) == 2 and all(alive(p) for p in pids)  # the babyai server and the gateway
-        status, health = call(f"http://127.0.0.1:{gateway_port}", "GET", "/v1/health", timeout=5)
-        assert status == 200 and health["envs"]["babyai"]["healthy_replicas"] == 1
+        assert len(pids) == 3 and all(alive(p) for p in pids)  # two babyai servers and the gateway
+        status, health = call(gateway_url(up.stdout), "GET", "/v1/health", timeout=5)
+        assert status == 200 and health["envs"]["babyai"]["healthy_replicas"] == 2
+        served = set(re.findall(r"healthy: babyai server (http://127\.0\.0\.1:\d+)", up.stdout))
+        status, envs = call(gateway_url(up.stdout), "GET", "/v1/envs", timeout=5)
+        assert len(served) == 2 and {r["url"] for r in envs["envs"]["babyai"]["replicas"]} == served
     finally:
         down = launch(session, "stop", timeout=60)
     assert down.returncode == 0, down.stderr
@@ -374,8 +385,7 @@ def test_tmux_launcher_runs_the_preflight_before_starting_anything():
     tmux_ready()
     session = f"cope-test-preflight-{os.getpid()}"
     try:
-        out = launch(session, MODEL_PATH="runs/none/model-sft", ENV_SERVER_PORT=str(free_port()),
-                     GATEWAY_PORT=str(free_port()))
+        out = launch(session, MODEL_PATH="runs/none/model-sft", ENV_SERVER_PORT="0", GATEWAY_PORT="0")
     finally:
         if tmux_server_running(session):
             launch(session, "stop", timeout=60)
@@ -392,7 +402,7 @@ def test_tmux_launcher_names_the_server_that_never_came_up():
         dead_port = held.getsockname()[1]
         try:
             out = launch(session, LAUNCH_ONLY="1", ENV_SERVER_URLS=f"http://127.0.0.1:{dead_port}",
-                         GATEWAY_PORT=str(free_port()), HEALTH_TIMEOUT="2")
+                         GATEWAY_PORT="0", HEALTH_TIMEOUT="2")
         finally:
             if tmux_server_running(session):
                 launch(session, "stop", timeout=60)
@@ -407,8 +417,8 @@ def test_tmux_launcher_hold_mode_tears_down_on_sigterm():
     and SIGTERM to it (the job ending) stops every process it started."""
     tmux_ready()
     session = f"cope-test-hold-{os.getpid()}"
-    env = clean_env(TMUX_SESSION=session, LAUNCH_ONLY="1", HOLD="1", ENV_SERVER_PORT=str(free_port()),
-                    GATEWAY_PORT=str(free_port()), HEALTH_TIMEOUT="90")
+    env = clean_env(TMUX_SESSION=session, LAUNCH_ONLY="1", HOLD="1", ENV_SERVER_PORT="0", GATEWAY_PORT="0",
+                    HEALTH_TIMEOUT="90")
     proc = subprocess.Popen(["bash", "scripts/launch_babyai_grpo_tmux.sh"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids: list[int] = []
@@ -437,12 +447,48 @@ def test_tmux_launcher_shows_why_a_server_crashed():
     tmux_ready()
     session = f"cope-test-crash-{os.getpid()}"
     try:
-        out = launch(session, LAUNCH_ONLY="1", ENV_SERVER_PORT=str(free_port()), GATEWAY_PORT=str(free_port()),
+        out = launch(session, LAUNCH_ONLY="1", ENV_SERVER_PORT="0", GATEWAY_PORT="0",
                      ENV_SERVER_ARGS="--no-such-flag", HEALTH_TIMEOUT="90")
     finally:
         if tmux_server_running(session):
             launch(session, "stop", timeout=60)
     assert out.returncode == 1
-    assert "babyai server" in out.stderr and "exited before it answered" in out.stderr
+    assert "babyai server (window babyai-0) exited before it logged the port it bound" in out.stderr
     assert "--no-such-flag" in out.stderr  # the server's own error, from its tmux window
     assert not tmux_server_running(session)
+
+
+def test_tmux_launcher_names_a_port_0_server_that_never_logs_its_port():
+    tmux_ready()
+    session = f"cope-test-quiet-{os.getpid()}"
+    try:
+        out = launch(session, LAUNCH_ONLY="1", ENV_SERVER_PORT="0", GATEWAY_PORT="0",
+                     ENV_SERVER_ARGS="--log-level WARNING", HEALTH_TIMEOUT="15")
+    finally:
+        if tmux_server_running(session):
+            launch(session, "stop", timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "babyai server (window babyai-0) did not log the port it bound" in out.stderr
+    assert "HEALTH_TIMEOUT" in out.stderr
+    assert not tmux_server_running(session)
+
+
+def test_tmux_launchers_training_window_gets_the_port_0_gateways_url():
+    """The training window's COPE_GATEWAY_URL is the port the gateway bound, not the port-0 URL the tmux server's
+    environment was created with (the training run here stops at its own preflight: no model)."""
+    tmux_ready()
+    session = f"cope-test-train-{os.getpid()}"
+    try:
+        up = launch(session, ENV_SERVER_PORT="0", GATEWAY_PORT="0", HEALTH_TIMEOUT="90", COPE_SKIP_PREFLIGHT="1",
+                    MODEL_PATH="runs/none/model-sft")
+        assert up.returncode == 0 and "training started in window 'train'" in up.stdout, up.stdout + up.stderr
+        gateway = re.search(r"healthy: gateway \((http://127\.0\.0\.1:\d+)/v1/health\)", up.stdout).group(1)
+        assert not gateway.endswith(":0")
+        windows = subprocess.run(["tmux", "-L", session, "list-windows", "-t", session, "-F",
+                                  "#{window_name}\t#{pane_start_command}"], capture_output=True, text=True,
+                                 timeout=10).stdout
+        train = next(line for line in windows.splitlines() if line.startswith("train\t"))
+        assert f"COPE_GATEWAY_URL={gateway} exec bash scripts/run_babyai_grpo_train.sh" in train
+    finally:
+        if tmux_server_running(session):
+            launch(session, "stop", timeout=60)

@@ -11,9 +11,11 @@
 #   ENV_SERVER=<env>          built-in server module (env_gateway/servers/<ENV_SERVER>.py, run from .venvs/<ENV_SERVER>)
 #   ENV_SERVER_URLS=          comma-separated URLs of servers started elsewhere (then none is started here; the
 #                             only way for WebShop, WebArena, AppWorld, whose original servers need their own data)
-#   ENV_REPLICAS=1  ENV_SERVER_PORT=<per env>  (replicas on consecutive ports)   ENV_SERVER_ARGS=
+#   ENV_REPLICAS=1  ENV_SERVER_PORT=<per env>  (replicas on consecutive ports; 0: each binds a free port and the
+#                             launcher reads it from the server's window)   ENV_SERVER_ARGS=
 #   ENV_HEALTH_PATH=/         health endpoint of an env server
-#   GATEWAY_PORT=8800  GATEWAY_ARGS=           the gateway binds 127.0.0.1; COPE_GATEWAY_URL points training at it
+#   GATEWAY_PORT=8800  GATEWAY_ARGS=           the gateway binds 127.0.0.1 (0: a free port, read from its window);
+#                             COPE_GATEWAY_URL points training at it
 #   TMUX_SESSION=cope-<env>   HEALTH_TIMEOUT=300 (seconds for all servers together)   STOP_TIMEOUT=20
 #   LAUNCH_ONLY=1             bring up servers and gateway, stop before training (they keep running)
 #   HOLD=1                    with LAUNCH_ONLY: stay in the foreground, tear down on SIGTERM/SIGINT (srun, sbatch)
@@ -30,37 +32,38 @@ tmux_defaults() {
     : "${ENV_SERVER=$ENV_NAME}" "${ENV_SERVER_URLS:=}" "${ENV_REPLICAS:=1}" "${ENV_SERVER_ARGS:=}"
     : "${ENV_SERVER_PORT:=8100}" "${ENV_HEALTH_PATH:=/}" "${GATEWAY_PORT:=8800}" "${GATEWAY_ARGS:=}"
     : "${TMUX_SESSION:=cope-${ENV_NAME}}" "${HEALTH_TIMEOUT:=300}" "${STOP_TIMEOUT:=20}"
-    COPE_GATEWAY_URL="http://127.0.0.1:${GATEWAY_PORT}"
+    COPE_GATEWAY_URL="http://127.0.0.1:${GATEWAY_PORT}"  # GATEWAY_PORT=0: set once the gateway has logged its port
     export COPE_GATEWAY_URL
-    WINDOWS=() COMMANDS=() HEALTH_NAMES=() HEALTH_URLS=() HEALTH_WINDOWS=() SERVER_PYTHON=""
-    local urls=() i
+    # per env server: its URL ("" until a port-0 server logs the port it bound) and its tmux window ("": started
+    # elsewhere); SERVER_COMMANDS: the command of each window this launcher starts for a server
+    SERVER_URLS=() SERVER_WINDOWS=() SERVER_COMMANDS=() SERVER_PYTHON=""
+    local i
     if [ -n "$ENV_SERVER_URLS" ]; then
-        IFS=, read -r -a urls <<<"$ENV_SERVER_URLS"
-        for i in "${!urls[@]}"; do HEALTH_WINDOWS+=(""); done
+        IFS=, read -r -a SERVER_URLS <<<"$ENV_SERVER_URLS"
+        for i in "${!SERVER_URLS[@]}"; do SERVER_WINDOWS+=(""); done
     elif [ -n "$ENV_SERVER" ]; then
-        local python="$COPE_ROOT/.venvs/$ENV_SERVER/bin/python"
+        local python="$COPE_ROOT/.venvs/$ENV_SERVER/bin/python" port url
         SERVER_PYTHON="$python"
         for ((i = 0; i < ENV_REPLICAS; i++)); do
-            local port=$((ENV_SERVER_PORT + i))
-            urls+=("http://127.0.0.1:$port")
-            WINDOWS+=("$ENV_SERVER-$i")
-            HEALTH_WINDOWS+=("$ENV_SERVER-$i")
-            COMMANDS+=("exec $(printf '%q' "$python") -m env_gateway.servers.$ENV_SERVER --host 127.0.0.1 --port $port $ENV_SERVER_ARGS")
+            port=$((ENV_SERVER_PORT == 0 ? 0 : ENV_SERVER_PORT + i)) url=""
+            if [ "$port" != 0 ]; then url="http://127.0.0.1:$port"; fi
+            SERVER_URLS+=("$url")
+            SERVER_WINDOWS+=("$ENV_SERVER-$i")
+            SERVER_COMMANDS+=("exec $(printf '%q' "$python") -m env_gateway.servers.$ENV_SERVER --host 127.0.0.1 --port $port $ENV_SERVER_ARGS")
         done
     else
         cope_die "$ENV_NAME has no built-in server: start its original server and set ENV_SERVER_URLS=http://HOST:PORT"
     fi
-    for i in "${!urls[@]}"; do
-        HEALTH_NAMES+=("$ENV_NAME server ${urls[$i]}")
-        HEALTH_URLS+=("${urls[$i]%/}$ENV_HEALTH_PATH")
+}
+
+# The gateway's command, over SERVER_URLS (a URL not known yet is shown as what will fill it in).
+tmux_gateway_command() {
+    local urls=() i
+    for i in "${!SERVER_URLS[@]}"; do
+        urls+=("${SERVER_URLS[$i]:-http://127.0.0.1:<port ${SERVER_WINDOWS[$i]} logs>}")
     done
-    local joined
-    joined="$(IFS=,; echo "${urls[*]}")"
-    WINDOWS+=(gateway)
-    COMMANDS+=("exec $(printf '%q' "$(cope_python)") -m env_gateway --host 127.0.0.1 --port $GATEWAY_PORT --env $ENV_NAME=$joined $GATEWAY_ARGS")
-    HEALTH_NAMES+=("gateway")
-    HEALTH_URLS+=("$COPE_GATEWAY_URL/v1/health")
-    HEALTH_WINDOWS+=(gateway)
+    echo "exec $(printf '%q' "$(cope_python)") -m env_gateway --host 127.0.0.1 --port $GATEWAY_PORT" \
+        "--env $ENV_NAME=$(IFS=,; echo "${urls[*]}") $GATEWAY_ARGS"
 }
 
 # Every process of the session's windows, with all their descendants (pids, one per line).
@@ -120,23 +123,56 @@ tmux_fail() {
     exit 1
 }
 
-# Waits until every health URL answers 200; the first server that does not, or whose window died, is named.
+# LOGGED_PORT := the port server $2 (started with --port 0) logged in tmux window $1 ("... listening on
+# http://127.0.0.1:PORT"), waiting until HEALTH_DEADLINE; a server that died first, or never logs it, is named.
+tmux_logged_port() {
+    local window="$1" name="$2" line
+    while true; do
+        line="$(tmux_cmd capture-pane -p -J -t "$TMUX_SESSION:$window" -S - 2>/dev/null |
+            grep -o -m 1 'listening on http://127\.0\.0\.1:[0-9]*')" || true
+        if [ -n "$line" ]; then LOGGED_PORT="${line##*:}"; return; fi
+        if tmux_window_dead "$window"; then
+            tmux_fail "$window" "$name (window $window) exited before it logged the port it bound"
+        fi
+        if [ "$SECONDS" -ge "$HEALTH_DEADLINE" ]; then
+            tmux_fail "$window" "$name (window $window) did not log the port it bound ('listening on ...') within ${HEALTH_TIMEOUT}s (HEALTH_TIMEOUT)"
+        fi
+        sleep 0.2
+    done
+}
+
+# Waits until every server and then the gateway answer 200 on their health URL, until HEALTH_DEADLINE; the first
+# that does not, or whose window died, is named.
 tmux_wait_healthy() {
-    local deadline=$((SECONDS + HEALTH_TIMEOUT)) i window
-    for i in "${!HEALTH_URLS[@]}"; do
-        window="${HEALTH_WINDOWS[$i]}"
-        until curl -fsS -m 2 -o /dev/null "${HEALTH_URLS[$i]}" 2>/dev/null; do
-            if [ -n "$window" ] && tmux_window_dead "$window"; then
-                tmux_fail "$window" "${HEALTH_NAMES[$i]} exited before it answered ${HEALTH_URLS[$i]}"
+    local names=() urls=() windows=() i
+    for i in "${!SERVER_URLS[@]}"; do
+        names+=("$ENV_NAME server ${SERVER_URLS[$i]}") urls+=("${SERVER_URLS[$i]%/}$ENV_HEALTH_PATH")
+        windows+=("${SERVER_WINDOWS[$i]}")
+    done
+    names+=(gateway) urls+=("$COPE_GATEWAY_URL/v1/health") windows+=(gateway)
+    for i in "${!urls[@]}"; do
+        until curl -fsS -m 2 -o /dev/null "${urls[$i]}" 2>/dev/null; do
+            if [ -n "${windows[$i]}" ] && tmux_window_dead "${windows[$i]}"; then
+                tmux_fail "${windows[$i]}" "${names[$i]} exited before it answered ${urls[$i]}"
             fi
-            if [ "$SECONDS" -ge "$deadline" ]; then
-                tmux_fail "$window" "${HEALTH_NAMES[$i]} never came up: ${HEALTH_URLS[$i]} did not answer within ${HEALTH_TIMEOUT}s (HEALTH_TIMEOUT)"
+            if [ "$SECONDS" -ge "$HEALTH_DEADLINE" ]; then
+                tmux_fail "${windows[$i]}" "${names[$i]} never came up: ${urls[$i]} did not answer within ${HEALTH_TIMEOUT}s (HEALTH_TIMEOUT)"
             fi
             sleep 0.5
         done
-        echo "healthy: ${HEALTH_NAMES[$i]} (${HEALTH_URLS[$i]})"
+        echo "healthy: ${names[$i]} (${urls[$i]})"
     done
     echo "all servers healthy"
+}
+
+# A window running $2, named $1; the first one creates the session.
+tmux_window() {
+    if tmux_cmd has-session -t "$TMUX_SESSION" 2>/dev/null; then
+        tmux_cmd new-window -d -t "$TMUX_SESSION" -n "$1" "$2"
+    else
+        tmux_cmd new-session -d -s "$TMUX_SESSION" -n "$1" "$2"
+        tmux_cmd set-option -t "$TMUX_SESSION" remain-on-exit on >/dev/null  # a crashed window keeps its last words
+    fi
 }
 
 cope_tmux_main() {
@@ -147,12 +183,12 @@ cope_tmux_main() {
         tmux_teardown
         return
     fi
-    local train_cmd i
-    train_cmd="exec bash scripts/run_${ENV_NAME}_grpo_train.sh"
+    local i
     if cope_is_true "${DRY_RUN:-0}"; then
-        for i in "${!WINDOWS[@]}"; do echo "window ${WINDOWS[$i]}: ${COMMANDS[$i]}"; done
+        for i in "${!SERVER_COMMANDS[@]}"; do echo "window ${SERVER_WINDOWS[$i]}: ${SERVER_COMMANDS[$i]}"; done
+        echo "window gateway: $(tmux_gateway_command)"
         cope_is_true "${LAUNCH_ONLY:-0}" && return 0
-        echo "window train: $train_cmd"
+        echo "window train: exec bash scripts/run_${ENV_NAME}_grpo_train.sh"
         bash "scripts/run_${ENV_NAME}_grpo_train.sh"
         return
     fi
@@ -172,12 +208,20 @@ cope_tmux_main() {
     if tmux_cmd has-session -t "$TMUX_SESSION" 2>/dev/null; then
         cope_die "tmux session $TMUX_SESSION is already running: stop it with \`bash $0 stop\` or set TMUX_SESSION"
     fi
-    tmux_cmd new-session -d -s "$TMUX_SESSION" -n "${WINDOWS[0]}" "${COMMANDS[0]}"
-    tmux_cmd set-option -t "$TMUX_SESSION" remain-on-exit on >/dev/null  # a crashed window keeps its last words
-    for ((i = 1; i < ${#WINDOWS[@]}; i++)); do
-        tmux_cmd new-window -d -t "$TMUX_SESSION" -n "${WINDOWS[$i]}" "${COMMANDS[$i]}"
-    done
+    HEALTH_DEADLINE=$((SECONDS + HEALTH_TIMEOUT))
     if cope_is_true "${HOLD:-0}"; then trap 'tmux_teardown; exit 0' TERM INT; fi
+    for i in "${!SERVER_COMMANDS[@]}"; do tmux_window "${SERVER_WINDOWS[$i]}" "${SERVER_COMMANDS[$i]}"; done
+    for i in "${!SERVER_COMMANDS[@]}"; do
+        if [ -z "${SERVER_URLS[$i]}" ]; then
+            tmux_logged_port "${SERVER_WINDOWS[$i]}" "$ENV_NAME server"
+            SERVER_URLS[i]="http://127.0.0.1:$LOGGED_PORT"
+        fi
+    done
+    tmux_window gateway "$(tmux_gateway_command)"
+    if [ "$GATEWAY_PORT" = 0 ]; then
+        tmux_logged_port gateway gateway
+        COPE_GATEWAY_URL="http://127.0.0.1:$LOGGED_PORT"
+    fi
     tmux_wait_healthy
     if cope_is_true "${LAUNCH_ONLY:-0}"; then
         echo "LAUNCH_ONLY: servers and gateway are up at $COPE_GATEWAY_URL; stop with: bash $0 stop"
@@ -186,6 +230,8 @@ cope_tmux_main() {
         fi
         return 0
     fi
-    tmux_cmd new-window -d -t "$TMUX_SESSION" -n train "$train_cmd"
+    # the gateway's URL rides in the command: the tmux server's environment has the one set before it was known
+    tmux_cmd new-window -d -t "$TMUX_SESSION" -n train \
+        "COPE_GATEWAY_URL=$(printf '%q' "$COPE_GATEWAY_URL") exec bash scripts/run_${ENV_NAME}_grpo_train.sh"
     echo "training started in window 'train': tmux -L $TMUX_SESSION attach -t $TMUX_SESSION; stop with: bash $0 stop"
 }
