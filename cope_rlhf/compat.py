@@ -18,8 +18,10 @@ Contract:
 The fix is a ``sys.meta_path`` finder that costs nothing until ``flash_attn`` is imported (it imports
 neither torch nor flash_attn itself). Ray worker processes start fresh interpreters, so they need it too:
 ``scripts/setup.sh`` writes ``cope_rlhf_compat.pth`` into the venv's site-packages (every interpreter of
-the venv, Ray workers included, imports this module at start-up), and ``RAY_WORKER_SETUP_HOOK`` is the
-hook to pass as ``runtime_env={"worker_process_setup_hook": ...}`` where that file is absent.
+the venv, Ray workers included, imports this module at start-up, then drops ``cope_rlhf`` from ``sys.modules``
+so that a later ``import cope_rlhf`` resolves on ``sys.path``: a venv made for one checkout that serves another,
+e.g. a git worktree, runs that other checkout's code), and ``RAY_WORKER_SETUP_HOOK`` is the hook to pass as
+``runtime_env={"worker_process_setup_hook": ...}`` where that file is absent.
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ class _FlashAttnCPUFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Idempotent; also the Ray ``worker_process_setup_hook``."""
-    if not any(isinstance(f, _FlashAttnCPUFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _FlashAttnCPUFinder())
+    """Idempotent; also the Ray ``worker_process_setup_hook``. A finder that another copy of this module installed
+    (the checkout the venv was made from, imported by the ``.pth`` at start-up) gives way to this one."""
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != _FlashAttnCPUFinder.__name__]
+    sys.meta_path.insert(0, _FlashAttnCPUFinder())
 
 
 install()

@@ -75,9 +75,12 @@ else
   fi
   step "the project (editable)" pip_q --no-deps -e .
   # Every interpreter of the venv, Ray workers included, imports the CPU import fix at start-up (it only installs a
-  # lazy import hook for flash_attn, and does nothing on a CUDA host).
+  # lazy import hook for flash_attn, and does nothing on a CUDA host), then forgets the package: `import cope_rlhf`
+  # later resolves on sys.path, so a venv made for this checkout that serves another one (a git worktree) runs the
+  # other one's code, not this one's.
   SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "import cope_rlhf.compat" > "$SITE/cope_rlhf_compat.pth"
+  echo 'import sys, cope_rlhf.compat; [sys.modules.pop(m) for m in ("cope_rlhf.compat", "cope_rlhf")]' \
+    > "$SITE/cope_rlhf_compat.pth"
   step "check that the stack imports" stack_imports
   echo "$want_stamp" > "$STAMP"
   echo "[setup] trainer venv: $VENV ($(du -sh "$VENV" | cut -f1))"

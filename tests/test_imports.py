@@ -6,6 +6,7 @@ import importlib
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -149,3 +150,25 @@ def test_what_users_run_never_imports_the_tests():
                                  re.MULTILINE):
                         offenders.append(os.path.relpath(path, ROOT))
     assert offenders == []
+
+
+def test_the_tests_import_this_checkouts_cope_rlhf():
+    import cope_rlhf
+
+    assert os.path.dirname(os.path.abspath(cope_rlhf.__file__)) == os.path.join(ROOT, "cope_rlhf")
+
+
+def test_a_venv_serving_another_checkout_imports_that_checkouts_code(tmp_path):
+    """A venv made for this checkout, run from another one (a git worktree whose .venv links here): the start-up
+    import of the CPU fix (the venv's cope_rlhf_compat.pth) must not pin ``cope_rlhf`` to this checkout, and the
+    fix still holds (flash_attn's pure-torch modules import on a CPU host)."""
+    shutil.copytree(os.path.join(ROOT, "cope_rlhf"), tmp_path / "cope_rlhf",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    probe = ("import sys, cope_rlhf, cope_rlhf.compat, flash_attn.bert_padding; print(cope_rlhf.__file__); "
+             "print(sum(type(f).__name__ == '_FlashAttnCPUFinder' for f in sys.meta_path))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported, finders = out.stdout.split()
+    assert imported == str(tmp_path / "cope_rlhf" / "__init__.py")
+    assert int(finders) == 1  # the other checkout's finder replaced the start-up one
