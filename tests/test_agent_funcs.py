@@ -181,14 +181,13 @@ def test_server_killed_mid_episode_ends_with_reward_0_and_a_logged_reason(doomed
             server.proc.wait(timeout=10)
 
     engine = ScriptedEngine(tok, [react(a) for a in actions], on_call=kill_before_second_reply)
-    start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="agent_funcs"):
         result = asyncio.run(run_episode("searchqa", 0, engine, tok, timeout=60))
-    assert time.monotonic() - start < 45
     assert result["reward"] == 0.0 and result["extra_logs"]["env_failed"] == 1.0
     assert result["extra_logs"]["success"] == 0.0 and result["extra_logs"]["turns"] == 2
     reasons = [r.getMessage() for r in caplog.records if "reward 0" in r.getMessage()]
     assert reasons and "step 2 failed" in reasons[0], reasons
+    assert "timed out" not in reasons[0] and "deadline" not in reasons[0], reasons  # noticed, not waited out
     assert tok.decode(spans(result)[-1]) == wrapped("The environment failed: the episode is over.")
 
 
