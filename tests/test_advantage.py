@@ -120,10 +120,36 @@ def test_bad_inputs_are_explained():
     stock_grpo(batch, 2)
     with pytest.raises(ValueError, match="does not match action_mask"):
         add_info_gated_advantage(batch, [torch.zeros(2, 3), torch.zeros(2, 3)], 2, 0.1, 0.05)
-    with pytest.raises(ValueError, match="groups of n_samples_per_prompt=3"):
+    with pytest.raises(ValueError, match=r"^4 samples do not split into groups of n_samples_per_prompt=3$"):
         group_reward_std(hand_batch(), 3)
-    with pytest.raises(ValueError, match="n_samples_per_prompt >= 2"):
+    with pytest.raises(ValueError, match=r"^group statistics need n_samples_per_prompt >= 2, got 1$"):
         group_reward_std(hand_batch(), 1)
+
+
+def test_the_filter_drops_groups_up_to_a_std_of_1e_6_and_keeps_the_rest():
+    """The threshold is std_g r <= 1e-6 (unbiased std of the group's rewards): [0, 1e-6] has std 7.1e-7 and goes,
+    [0, 2e-6] has std 1.4e-6 and stays."""
+    mask = torch.ones(4, 2, dtype=torch.long)
+    batch = [Experience(action_mask=mask, rewards=torch.tensor([0.0, 1e-6, 0.0, 2e-6]), kl=torch.zeros(4, 2))]
+    batch[0].index = [0, 1, 2, 3]
+    stock_grpo(batch, n=2)
+    drops, metrics = filter_degenerate_groups(batch, 2)
+    assert drops[0].tolist() == [True, True, False, False] and metrics == {"cope/filtered_frac": 0.5}
+    assert batch[0].advantages[2:].abs().sum() > 0 and batch[0].advantages[:2].abs().sum() == 0
+
+
+def test_advantage_edits_build_no_autograd_graph():
+    """The filter and the info bonus change experience tensors in place of OpenRLHF's: no graph is kept on them
+    (tensors that require grad in, plain tensors out)."""
+    batch = hand_batch()
+    stock_grpo(batch, 2)
+    for e in batch:
+        e.advantages.requires_grad_(True)
+    filter_degenerate_groups(batch, 2)
+    assert not any(e.advantages.requires_grad for e in batch)
+    advantages = torch.zeros(2, 4, requires_grad=True)
+    out = add_info_bonus(advantages, torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 1), 0.0, 1.0)
+    assert not out.requires_grad and out.sum() == 8
 
 
 def test_intrinsic_from_info_gain_end_to_end():
