@@ -319,6 +319,8 @@ def main() -> None:
     p.add_argument("--variant", default="agentgym", choices=VARIANTS)
     p.add_argument("--delay", type=float, default=0.0, help="seconds of simulated work per reset/step")
     p.add_argument("--episode-len", type=int, default=5)
+    p.add_argument("--partial-rewards", action="store_true", help="1 / episode_len for each right action, when taken "
+                   "(default: 1.0 at the end of an episode of right actions only)")
     p.add_argument("--uvloop", action="store_true")
     args = p.parse_args()
     if (args.port is None) == (args.fd is None):
@@ -327,7 +329,8 @@ def main() -> None:
     if args.uvloop:
         import uvloop
         loop = uvloop.new_event_loop()
-    backend = FakeBackend(args.variant, delay=args.delay, episode_len=args.episode_len)
+    backend = FakeBackend(args.variant, delay=args.delay, episode_len=args.episode_len,
+                          partial_rewards=args.partial_rewards)
     sock, port = bound_socket(args.host, args.port, args.fd)  # --port 0: any free port, printed below
     print(f"fake backend listening on http://{sock.getsockname()[0]}:{port}", file=sys.stderr, flush=True)
     web.run_app(backend.app(), sock=sock, access_log=None, print=None, loop=loop, backlog=4096)

@@ -346,3 +346,55 @@ def test_eval_counts_success_as_the_agent_funcs_success_not_a_positive_reward(mo
     assert [e["reward"] for e in episodes] == [pytest.approx(0.4)] * 2
     assert [e["success"] for e in episodes] == [False, False]
     assert [row["successes"] for row in ev.item_table(episodes, ["3", "4"])] == [0, 0]
+
+
+def test_eval_main_reports_partial_reward_episodes_end_to_end(monkeypatch, tmp_path):
+    """scripts/eval.py's main(), as users run it, on the fake backend with partial rewards (1/3 per right action of
+    3) behind a gateway process: item 3 played right (1.0, a success), item 4 wrong at step 2 (0.667, done: a
+    success), item 5's env crashes at step 1 after 0.333 earned (0, a failure, counted in env_failures). The model
+    is a stand-in that reads the observation (the HF backend replaced; no checkpoint is loaded)."""
+    import importlib.util
+    import json
+    import re
+
+    from env_gateway.fake_backend import FakeBackendProcess
+    from tests.gateway_proc import GatewayProcess
+
+    spec = importlib.util.spec_from_file_location("script_eval", os.path.join(ROOT, "scripts", "eval.py"))
+    ev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ev)
+    tok = tiny_tokenizer()
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+    class ObservationReader:
+        tokenizer = tok
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+        def generate(self, requests):
+            out = []
+            for ids, _ in requests:
+                item, step, said = re.findall(r"item (\d+) step (\d+): say '([^']*)'", tok.decode(ids))[-1]
+                action = {("4", "2"): "move 9", ("5", "1"): "crash"}.get((item, step), said)
+                out.append(SimpleNamespace(token_ids=tok(react(action), add_special_tokens=False)["input_ids"]
+                                           + [self.eos], text=react(action), finish_reason="stop", logprobs=None))
+            return out
+
+    monkeypatch.setattr(ev, "HFBackend", lambda model, temperature, seed: ObservationReader())
+    out = tmp_path / "eval.json"
+    with FakeBackendProcess("--partial-rewards", "--episode-len", "3") as backend, \
+            GatewayProcess(envs={"babyai": backend.url}) as gateway:
+        report = ev.main(["--env", "babyai", "--model", str(tmp_path), "--item-ids", "3,4,5", "--k", "2",
+                          "--engine", "hf", "--gateway", gateway.url, "--out", str(out)])
+    assert json.loads(out.read_text()) == report
+    episodes = [json.loads(line) for line in open(tmp_path / "eval.episodes.jsonl")]
+    assert sorted((e["item_id"], round(e["reward"], 3), e["success"]) for e in episodes) == [
+        ("3", 1.0, True), ("3", 1.0, True), ("4", 0.667, True), ("4", 0.667, True), ("5", 0.0, False),
+        ("5", 0.0, False)]
+    assert report["episodes"] == 6 and report["env_failures"] == 2
+    assert [(row["item_id"], round(row["mean_reward"], 3), row["successes"]) for row in report["per_item"]] == [
+        ("3", 1.0, 2), ("4", 0.667, 2), ("5", 0.0, 0)]
+    m = report["metrics"]
+    assert m["success_rate"] == pytest.approx(4 / 6) and m["mean_reward"] == pytest.approx((2 + 4 / 3) / 6)
+    assert m["avg@2"] == pytest.approx((1 + 2 / 3 + 0) / 3) and m["pass^1"] == pytest.approx(2 / 3)
+    assert m["pass^2"] == pytest.approx(2 / 3)
