@@ -109,16 +109,36 @@ if [[ "${COPE_ENV_SERVERS:-}" != none ]]; then
       if [[ -f "$req" ]]; then servers+=" $(basename "$req" .txt)"; fi
     done
   fi
-  for name in $servers; do
-    if [[ "$name" == sciworld ]] && ! java -version >/dev/null 2>&1; then  # ScienceWorld's jar needs Java 17+
-      if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-        step "Java 17 for ScienceWorld" bash -c "apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null"
-      else
-        echo "[setup] ScienceWorld needs Java 17: install it (e.g. apt-get install openjdk-17-jre-headless)" >&2; exit 1
-      fi
+  if [[ " $servers " == *" sciworld "* ]] && ! java -version >/dev/null 2>&1; then  # ScienceWorld's jar: Java 17+
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      step "Java 17 for ScienceWorld" bash -c "apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null"
+    else
+      echo "[setup] ScienceWorld needs Java 17: install it (e.g. apt-get install openjdk-17-jre-headless)" >&2; exit 1
     fi
-    step "env server venv .venvs/$name" bash scripts/setup_env.sh "$name"
+  fi
+  # Two venvs at a time (COPE_SETUP_JOBS; 1 where bash is older than 5.1): one build mostly unpacks wheels to disk
+  # while the other resolves and compiles, so the pair takes little longer than the larger of the two. Each build's
+  # output is kept and shown, whole, once it ends; a failed build stops the set-up once the others have ended.
+  jobs="${COPE_SETUP_JOBS:-2}"
+  if (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501 )); then jobs=1; fi
+  logs="$(mktemp -d)"
+  declare -A building=()
+  failed=()
+  reap_one() {  # wait for one build to end (any, or the only one), show its output, remember a failure
+    local pid="${!building[*]}" rc=0
+    if (( ${#building[@]} > 1 )); then wait -n -p pid "${!building[@]}" || rc=$?; else wait "$pid" || rc=$?; fi
+    cat "$logs/${building[$pid]}.log"
+    if ((rc)); then failed+=("${building[$pid]}"); fi
+    unset "building[$pid]"
+  }
+  for name in $servers; do
+    if (( ${#building[@]} >= jobs )); then reap_one; fi
+    step "env server venv .venvs/$name" bash scripts/setup_env.sh "$name" > "$logs/$name.log" 2>&1 &
+    building[$!]="$name"
   done
+  while (( ${#building[@]} )); do reap_one; done
+  rm -rf "$logs"
+  if (( ${#failed[@]} )); then echo "[setup] failed: env server venv(s) ${failed[*]} (output above)" >&2; exit 1; fi
 fi
 
 echo "[setup] finished in $((SECONDS - T_ALL)) s"

@@ -227,8 +227,11 @@ def test_reading_a_servers_log_while_it_writes_loses_nothing(tmp_path):
         writer = subprocess.Popen([sys.executable, "-c", f"import sys\nfor i in range({lines}): "
                                    "sys.stdout.write(f'{i:07d}\\n'); sys.stdout.flush()"], stdout=log)
         reads = 0
-        while writer.poll() is None or reads == 0:
-            log_tail(log)
-            reads += 1
+        try:
+            while writer.poll() is None or reads == 0:
+                log_tail(log)
+                reads += 1
+        finally:
+            writer.kill()  # a no-op once it has ended; a failing read leaves no writer behind
         assert writer.wait(timeout=60) == 0
         assert log_text(log) == b"".join(b"%07d\n" % i for i in range(lines)), f"after {reads} reads"
