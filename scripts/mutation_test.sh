@@ -1,64 +1,76 @@
 #!/usr/bin/env bash
 # Mutation testing of the code users rely on when things go wrong: mutmut changes one thing at a time (an operator,
-# a constant, a comparison, a removed call) and runs the tests that pin that file; a mutant that no test notices
-# "survives". By hand, not in CI (hours on 2 cores for all five files).
+# a constant, a comparison, a string, a removed argument) and runs the tests that cover the changed function; a
+# mutant that no test notices "survives". By hand, not in CI.
 #
 #   bash scripts/mutation_test.sh                          # every file below
 #   bash scripts/mutation_test.sh cope_rlhf/advantage.py   # one of them
 #
-# Each file runs in a throwaway git worktree of HEAD (mutmut edits the file in place; the working tree is never
-# touched, so commit first what you want tested), with this checkout's .venv and .venvs linked into it. mutmut
-# 2.5.1 (pinned) lives in its own venv, .venvs/mutmut; the tests run in .venv. Report per file, survivors with their
-# diffs: runs/mutation/<file>.txt (MUTATION_OUT). A survivor is either a missing test or an equivalent mutant (one
-# that changes no behaviour); the note that reports a run says which.
+# Each file runs in a throwaway git worktree of HEAD (commit first what you want tested), with this checkout's .venv
+# and .venvs linked into it and a [mutmut] section in its setup.cfg naming the file and its tests. mutmut 3.8.1
+# (pinned) runs inside .venv's interpreter, as its tests do (it forks per mutant after importing them once); it and
+# the packages .venv lacks are installed into .venvs/mutmut-lib, put on PYTHONPATH for mutmut only, so .venv itself
+# is not changed. Per file: runs/mutation/<file>.txt (MUTATION_OUT), the tally and every survivor's diff. A survivor
+# is a missing test or an equivalent mutant (one that changes no behaviour); the note reporting a run says which.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${MUTATION_OUT:-$ROOT/runs/mutation}"
+LIB="$ROOT/.venvs/mutmut-lib"
 
-# file -> the tests that pin it (run with -x: the first failure kills the mutant)
+# file -> the test files that pin it (mutmut runs, per mutant, those of their tests that call the changed function;
+# tests that start the gateway or an eval as a subprocess run the mutant there too: it is chosen by an environment
+# variable the subprocess inherits)
 declare -A TESTS=(
-  [env_gateway/server.py]="tests/test_gateway.py tests/test_adapters_contract.py"
-  [agent_funcs/base.py]="tests/test_agent_funcs.py tests/test_adapters_contract.py tests/test_action_formats.py"
-  [cope_rlhf/advantage.py]="tests/test_advantage.py"
-  [cope_rlhf/forecast.py]="tests/test_forecast.py"
+  [env_gateway/server.py]="tests/test_gateway.py tests/test_gateway_cli.py tests/test_gateway_adapters.py
+                           tests/test_adapters_contract.py tests/test_agent_funcs.py"
+  [agent_funcs/base.py]="tests/test_agent_funcs.py tests/test_adapters_contract.py tests/test_action_formats.py
+                         tests/test_tau2.py"
+  [cope_rlhf/advantage.py]="tests/test_advantage.py tests/test_actor.py"
+  [cope_rlhf/forecast.py]="tests/test_forecast.py tests/test_action_formats.py tests/test_branches.py
+                           tests/test_temporal_ensemble.py"
   [scripts/eval.py]="tests/test_eval.py tests/test_adapters_contract.py"
 )
 files=("$@")
 if ((${#files[@]} == 0)); then files=(env_gateway/server.py agent_funcs/base.py cope_rlhf/advantage.py
                                      cope_rlhf/forecast.py scripts/eval.py); fi
 for file in "${files[@]}"; do
-  [[ -n "${TESTS[$file]:-}" ]] || { echo "mutation_test.sh: no tests listed for '$file'; known: ${!TESTS[*]}" >&2; exit 2; }
+  [[ -n "${TESTS[$file]:-}" ]] || { echo "mutation_test.sh: no tests listed for '$file'; known: ${!TESTS[*]}" >&2
+                                    exit 2; }
 done
 [[ -x .venv/bin/python ]] || { echo "mutation_test.sh: .venv is missing: run bash scripts/setup.sh" >&2; exit 2; }
-if [[ ! -x .venvs/mutmut/bin/mutmut ]]; then
-  python3 -m venv .venvs/mutmut
-  .venvs/mutmut/bin/pip install -q "mutmut==2.5.1"
+if [[ ! -f "$LIB/mutmut/__init__.py" ]]; then  # mutmut's own requirements .venv lacks; the rest it shares with .venv
+  .venv/bin/python -m pip install -q --no-deps --target "$LIB" mutmut==3.8.1 coverage==7.17.5 libcst==1.9.0 \
+    textual==8.2.8
 fi
+mutmut() { PYTHONPATH="$LIB" "$ROOT/.venv/bin/python" -m mutmut "$@"; }
 
 mkdir -p "$OUT"
 for file in "${files[@]}"; do
+  read -r -d '' -a tests <<<"${TESTS[$file]}" || true  # the words of all its lines
   work="$(mktemp -d /tmp/cope-mutation-XXXX)/tree"
   git worktree add -q --detach "$work" HEAD
   ln -s "$ROOT/.venv" "$work/.venv"
   ln -s "$ROOT/.venvs" "$work/.venvs"
+  printf '[mutmut]\nsource_paths=\n    %s/\nonly_mutate=\n    %s\npytest_add_cli_args_test_selection=%s\n' \
+    "$(dirname "$file")" "$file" "$(printf '\n    %s' "${tests[@]}")" > "$work/setup.cfg"
+  printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n' >> "$work/setup.cfg"
   report="$OUT/$(echo "$file" | tr / _).txt"
-  echo "== $file: mutants checked by ${TESTS[$file]}; report: $report"
+  echo "== $file: mutants checked by ${tests[*]}; report: $report"
   (
     cd "$work"
-    # exit status: a bit set per kind of surviving mutant (see mutmut run --help); the report says which
-    .venvs/mutmut/bin/mutmut run --paths-to-mutate "$file" --tests-dir tests/ --simple-output \
-      --runner ".venv/bin/python -m pytest -x -q -p no:cacheprovider ${TESTS[$file]}" || true
+    mutmut run > "$work/run.log" 2>&1 || true  # exit status: whether mutants survived; the report says which
     {
-      echo "# mutmut 2.5.1 on $file at $(git rev-parse --short HEAD), tests: ${TESTS[$file]}"
-      .venvs/mutmut/bin/mutmut results
-      for id in $(.venvs/mutmut/bin/mutmut result-ids survived); do
+      echo "# mutmut 3.8.1 on $file at $(git rev-parse --short HEAD), tests: ${tests[*]}"
+      tr '\r' '\n' < run.log | grep -v '^\s*$' | tail -n 1
+      mutmut results --all true | awk '{print $NF}' | sort | uniq -c
+      for id in $(mutmut results | awk -F: '/: survived/ {print $1}'); do
         echo "--- survivor $id"
-        .venvs/mutmut/bin/mutmut show "$id"
+        mutmut show "$id" | grep '^[-+][^-+]'
       done
     } > "$report"
   )
   git worktree remove --force "$work"
   rmdir "$(dirname "$work")"
-  tail -n +2 "$report" | sed -n '1,12p'
+  sed -n '1,8p' "$report"
 done

@@ -126,16 +126,23 @@ def test_bad_inputs_are_explained():
         group_reward_std(hand_batch(), 1)
 
 
+# float32 rewards [0, AT_THRESHOLD] have an unbiased std of exactly float32(1e-6)
+AT_THRESHOLD = 1.4142135569272796e-06
+
+
 def test_the_filter_drops_groups_up_to_a_std_of_1e_6_and_keeps_the_rest():
     """The threshold is std_g r <= 1e-6 (unbiased std of the group's rewards): [0, 1e-6] has std 7.1e-7 and goes,
-    [0, 2e-6] has std 1.4e-6 and stays."""
-    mask = torch.ones(4, 2, dtype=torch.long)
-    batch = [Experience(action_mask=mask, rewards=torch.tensor([0.0, 1e-6, 0.0, 2e-6]), kl=torch.zeros(4, 2))]
-    batch[0].index = [0, 1, 2, 3]
+    [0, AT_THRESHOLD] has std 1e-6 and goes, [0, 2e-6] has std 1.4e-6 and stays. ``rounding_noise_frac`` counts a
+    group with the same bound."""
+    rewards = torch.tensor([0.0, 1e-6, 0.0, AT_THRESHOLD, 0.0, 2e-6])
+    assert float(rewards[2:4].std()) == float(torch.tensor(1e-6))
+    batch = [Experience(action_mask=torch.ones(6, 2, dtype=torch.long), rewards=rewards, kl=torch.zeros(6, 2))]
+    batch[0].index = list(range(6))
+    assert rounding_noise_frac(batch, 2) == pytest.approx(2 / 3)  # the first two: equal within 1e-6, not to the mean
     stock_grpo(batch, n=2)
     drops, metrics = filter_degenerate_groups(batch, 2)
-    assert drops[0].tolist() == [True, True, False, False] and metrics == {"cope/filtered_frac": 0.5}
-    assert batch[0].advantages[2:].abs().sum() > 0 and batch[0].advantages[:2].abs().sum() == 0
+    assert drops[0].tolist() == [True] * 4 + [False] * 2 and metrics == {"cope/filtered_frac": pytest.approx(2 / 3)}
+    assert batch[0].advantages[4:].abs().sum() > 0 and batch[0].advantages[:4].abs().sum() == 0
 
 
 def test_advantage_edits_build_no_autograd_graph():
