@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import time
 from typing import Any, AsyncIterator
@@ -542,3 +543,64 @@ def test_metrics_parse_as_prometheus_text():
                      "cope_gateway_inflight", "cope_gateway_queue_wait_seconds"):
             assert name in families
     run(main())
+
+
+def test_envs_and_health_answer_their_documented_bodies(caplog):
+    """GET /v1/envs and GET /v1/health, key for key (the client, launchers and dashboards read them), with one
+    session open and a second env whose only replica refuses connections; that replica's going out of rotation is
+    logged with its URL and the cause."""
+    async def main():
+        with refusing_port() as held:
+            dead = f"http://127.0.0.1:{held.getsockname()[1]}"
+            async with running("agentgym") as (_, burl), \
+                    gateway({"babyai": [burl], "mysci": EnvConfig("mysci", [dead], adapter="agentgym")},
+                            max_concurrency=3, max_sessions=5, health_interval=0.05) as (gw, url):
+                await until(lambda: not gw.pools["mysci"].replicas[0].healthy)
+                async with GatewayClient(url) as client, client.session("babyai", 1):
+                    envs_status, envs, _ = await raw(url, "GET", "/v1/envs")
+                    health_status, health, _ = await raw(url, "GET", "/v1/health")
+        return dead, burl, (envs_status, envs), (health_status, health)
+
+    with caplog.at_level(logging.WARNING, logger="env_gateway"):
+        dead, burl, envs, health = run(main())
+    replica = {"inflight": 0, "queued": 0, "max_concurrency": 3, "pid": None, "restarts": 0}
+    assert envs == (200, {"envs": {
+        "babyai": {"adapter": "babyai", "open_sessions": 1, "replicas": [
+            {**replica, "url": burl, "healthy": True, "sessions": 1, "last_error": ""}]},
+        "mysci": {"adapter": "agentgym", "open_sessions": 0, "replicas": [
+            {**replica, "url": dead, "healthy": False, "sessions": 0,
+             "last_error": "health check failed (no answer on GET /)"}]}},
+        "open_sessions": 1, "max_sessions": 5})
+    assert health == (503, {"status": "degraded", "open_sessions": 1, "envs": {
+        "babyai": {"healthy_replicas": 1, "replicas": 1}, "mysci": {"healthy_replicas": 0, "replicas": 1}}})
+    assert f"replica {dead} out of rotation: health check failed (no answer on GET /)" in caplog.messages
+
+
+@pytest.mark.parametrize("answers,attempts", [([503, 503, 503, 200], 4), ([503, 404], 2), ([404], 1)])
+def test_a_close_is_retried_while_the_backend_may_take_it_and_not_after_a_4xx(monkeypatch, answers, attempts):
+    """A client's DELETE whose backend close fails: 5xx answers are retried in the background (after 0.5 s, then
+    1 s, ...) until the backend has it; a 4xx says it never will (e.g. the instance is gone), on the DELETE's own
+    try or on a background one, and is not retried."""
+    from env_gateway.fake_backend import FakeBackend
+
+    tried: list[int] = []
+
+    async def scripted_close(self, request):
+        status = answers[min(len(tried), len(answers) - 1)]
+        tried.append(status)
+        if status != 200:
+            return web.json_response({"error": "scripted", "detail": f"close answered {status}"}, status=status)
+        return web.json_response({"closed": (await request.json())["id"]})
+
+    monkeypatch.setattr(FakeBackend, "close", scripted_close)
+
+    async def main():
+        async with running("agentgym") as (_, burl), gateway({"babyai": [burl]}) as (gw, url):
+            async with GatewayClient(url) as client:
+                opened = await client.create("babyai", 1)
+                got, answer, _ = await raw(url, "DELETE", f"/v1/sessions/{opened.session_id}")
+                assert got == 200 and answer["backend_closed"] is False
+                await until(lambda: len(tried) >= attempts, timeout=10)
+                await asyncio.sleep(1.2)  # longer than the first back-off: a retry that should not come would
+    run(main())
+    assert tried == answers
