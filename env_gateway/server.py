@@ -82,10 +82,16 @@ class Slots:
         self.cap, self.used = cap, 0
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
 
-    async def acquire(self, timeout: float) -> bool:
+    def try_take(self) -> bool:
+        """A slot now, if one is free and nobody waits for one (no coroutine: the gateway's fast path)."""
         if self.used < self.cap and not self.waiters:
             self.used += 1
             return True
+        return False
+
+    async def wait(self, timeout: float) -> bool:
+        """After ``try_take`` failed: wait in line for a slot; True once ``release`` hands one over, False after
+        ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self.waiters.append(fut)
@@ -266,14 +272,13 @@ class Gateway:
 
     async def acquire(self, replica: Replica, request: web.Request | None, env: str) -> None:
         slots = replica.slots
-        if slots.used < slots.cap and not slots.waiters:  # fast path, no queue
-            slots.used += 1
+        if slots.try_take():
             return
         if len(slots.waiters) >= self.config.max_queue:
             raise ApiError(503, "overloaded", f"{env} replica {replica.url} has {len(slots.waiters)} requests "
                                               "queued already; retry later", retry_after=1)
         t0 = time.perf_counter()
-        granted = await slots.acquire(self.config.queue_timeout)
+        granted = await slots.wait(self.config.queue_timeout)
         if request is not None:
             request[QUEUE_S] += time.perf_counter() - t0
         if not granted:
