@@ -85,7 +85,7 @@ def test_full_episode_and_close():
                         r = await s.step("move nowhere")
                     assert (r.reward, r.done) == (0.0, True)
                     sid = s.id
-                with pytest.raises(SessionGone, match="closed by the client"):
+                with pytest.raises(SessionGone, match=f"session {sid} is closed by the client; open a new one"):
                     await client.step(sid, "move 0")
                 assert backend.counts == {"create": 2, "reset": 2, "step": 8, "close": 2}
                 assert not backend.instances and not gw.sessions
@@ -599,7 +599,8 @@ def test_a_close_is_retried_while_the_backend_may_take_it_and_not_after_a_4xx(mo
             async with GatewayClient(url) as client:
                 opened = await client.create("babyai", 1)
                 got, answer, _ = await raw(url, "DELETE", f"/v1/sessions/{opened.session_id}")
-                assert got == 200 and answer["backend_closed"] is False
+                assert got == 200 and {k: answer[k] for k in ("session_id", "closed", "backend_closed")} == {
+                    "session_id": opened.session_id, "closed": True, "backend_closed": False}
                 await until(lambda: len(tried) >= attempts, timeout=10)
                 await asyncio.sleep(1.2)  # longer than the first back-off: a retry that should not come would
     run(main())
