@@ -309,18 +309,23 @@ def test_an_episode_the_env_fails_scores_0_whatever_it_had_earned(monkeypatch):
     assert result["extra_logs"]["success"] == 0.0
 
 
-def test_eval_counts_success_as_the_agent_funcs_success_not_a_positive_reward(monkeypatch):
-    """Cut by the turn limit after 2 right actions: reward 0.4, not done, so not a success."""
+def eval_script(monkeypatch):
+    """scripts/eval.py as a module, the tiny tokenizer, and no agent setting left from the environment."""
     import importlib.util
-
-    from env_gateway.fake_backend import running
 
     spec = importlib.util.spec_from_file_location("script_eval", os.path.join(ROOT, "scripts", "eval.py"))
     ev = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ev)
-    tok = tiny_tokenizer()
     for name in AGENT_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    return ev, tiny_tokenizer()
+
+
+def test_eval_counts_success_as_the_agent_funcs_success_not_a_positive_reward(monkeypatch):
+    """Cut by the turn limit after 2 right actions: reward 0.4, not done, so not a success."""
+    from env_gateway.fake_backend import running
+
+    ev, tok = eval_script(monkeypatch)
     monkeypatch.setenv("MAX_TURNS", "2")
 
     class RightActions:  # the model: reads "say 'move N'" in the last observation and says it
@@ -353,19 +358,13 @@ def test_eval_main_reports_partial_reward_episodes_end_to_end(monkeypatch, tmp_p
     3) behind a gateway process: item 3 played right (1.0, a success), item 4 wrong at step 2 (0.667, done: a
     success), item 5's env crashes at step 1 after 0.333 earned (0, a failure, counted in env_failures). The model
     is a stand-in that reads the observation (the HF backend replaced; no checkpoint is loaded)."""
-    import importlib.util
     import json
     import re
 
     from env_gateway.fake_backend import FakeBackendProcess
     from tests.gateway_proc import GatewayProcess
 
-    spec = importlib.util.spec_from_file_location("script_eval", os.path.join(ROOT, "scripts", "eval.py"))
-    ev = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ev)
-    tok = tiny_tokenizer()
-    for name in AGENT_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
+    ev, tok = eval_script(monkeypatch)
 
     class ObservationReader:
         tokenizer = tok
