@@ -167,7 +167,7 @@ def test_step_timeout_fails_the_session_with_504():
                 opened = await client.create("babyai", 3)
                 with pytest.raises(BackendFailed) as e:  # "hang" never answers: the 0.3 s timeout must end it
                     await client.step(opened.session_id, "hang")
-                assert e.value.status == 504 and e.value.backend == burl
+                assert (e.value.status, e.value.error, e.value.backend) == (504, "backend_timeout", burl)
                 assert "timed out after 0.3s" in e.value.detail and "open a new session" in e.value.detail
                 assert gw.pools["babyai"].replicas[0].healthy  # a slow step says nothing about the replica's health
                 with pytest.raises(SessionGone, match="failed"):
@@ -176,7 +176,8 @@ def test_step_timeout_fails_the_session_with_504():
                 opened = await client.create("babyai", 4)
                 with pytest.raises(BackendFailed) as e:
                     await client.step(opened.session_id, "crash")
-                assert e.value.status == 502 and "HTTP 500" in e.value.detail and burl in e.value.detail
+                assert (e.value.status, e.value.error) == (502, "backend_failed")
+                assert "HTTP 500" in e.value.detail and burl in e.value.detail
                 assert gw.pools["babyai"].replicas[0].healthy  # the backend answered: it stays in rotation
     run(main())
 
