@@ -383,6 +383,9 @@ def test_eval_main_reports_partial_reward_episodes_end_to_end(monkeypatch, tmp_p
     out = tmp_path / "eval.json"
     with FakeBackendProcess("--partial-rewards", "--episode-len", "3") as backend, \
             GatewayProcess(envs={"babyai": backend.url}) as gateway:
+        # main() sets COPE_GATEWAY_URL for the agent func; set here first, monkeypatch undoes both after the test (it
+        # leaked into the two-node test's jobs, whose preflight then found no gateway at this test's port)
+        monkeypatch.setenv("COPE_GATEWAY_URL", gateway.url)
         report = ev.main(["--env", "babyai", "--model", str(tmp_path), "--item-ids", "3,4,5", "--k", "2",
                           "--engine", "hf", "--gateway", gateway.url, "--out", str(out)])
     assert json.loads(out.read_text()) == report

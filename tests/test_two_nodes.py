@@ -81,6 +81,7 @@ def run_env(node: two_nodes.Node, out, steps: int, model, **extra: str) -> dict:
         GRADIENT_CHECKPOINTING="0", ROLLOUT_BATCH_SIZE="4", N_SAMPLES_PER_PROMPT="4", TRAIN_BATCH_SIZE="16",
         MICRO_TRAIN_BATCH_SIZE="2", MICRO_ROLLOUT_BATCH_SIZE="4", LR="1e-2", KL_COEF="0.01", MAX_LEN="2048",
         MAX_NEW_TOKENS="64", NUM_EPISODES="1", SAVE_STEPS="-1", MAX_TURNS="3", GATEWAY_PORT=str(GATEWAY_PORT),
+        COPE_GATEWAY_URL=f"http://127.0.0.1:{GATEWAY_PORT}",  # not one the test process may hold
         EXTRA_ARGS=f"--data.max_samples {4 * steps} {CPU_FLAGS}", **SIGNALS)
     settings.update(extra)
     return node.env(**settings)
