@@ -65,7 +65,7 @@ for file in "${files[@]}"; do
       mutmut results --all true | awk '{print $NF}' | sort | uniq -c
       for id in $(mutmut results | awk -F: '/: survived/ {print $1}'); do
         echo "--- survivor $id"
-        mutmut show "$id" | grep '^[-+][^-+]'
+        mutmut show "$id" | grep '^[-+][^-+]' || echo "(mutmut show $id: no diff lines)"
       done
     } > "$report"
   )
