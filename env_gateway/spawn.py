@@ -57,10 +57,8 @@ class Supervisor:
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-            if "{fd}" in cmd:
-                sock.set_inheritable(True)
-            else:
-                sock.close()  # {port}: the replica binds it itself
+            if "{fd}" not in cmd:  # {port}: the replica binds it itself ({fd}: _launch passes it, pass_fds)
+                sock.close()
                 sock = None
             argv = shlex.split(cmd.replace("{port}", str(port)).replace("{fd}", str(sock.fileno()) if sock else ""))
             out.append((f"http://127.0.0.1:{port}", argv, sock))

@@ -8,16 +8,13 @@ block, and when start-up fails) sends SIGTERM, then SIGKILL after 20 s, and retu
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 from typing import Any
 
-from env_gateway.servers.process import ROOT, call, log_tail, wait_listening
-
-LISTENING = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
+from env_gateway.servers.process import GATEWAY_LISTENING, ROOT, call, log_tail, wait_listening
 
 
 class GatewayProcess:
@@ -29,7 +26,7 @@ class GatewayProcess:
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            self.url = wait_listening(self.proc, self.log, LISTENING, lambda url: call(
+            self.url = wait_listening(self.proc, self.log, GATEWAY_LISTENING, lambda url: call(
                 url, "GET", "/v1/health", timeout=2)[0] == 200 or ready == "answers", "gateway", startup_timeout)
         except BaseException:
             self.stop()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -23,10 +22,9 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from env_gateway.servers.process import wait_listening
+from env_gateway.servers.process import GATEWAY_LISTENING, wait_listening
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LISTENING = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
 
 
 def gateway_health(url: str, timeout: float = 5.0) -> Optional[dict]:
@@ -64,16 +62,13 @@ class EnvStack:
         self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         try:
-            self.url = wait_listening(self.proc, self.log, LISTENING, lambda url: gateway_health(url, 2) is not None,
+            self.url = wait_listening(self.proc, self.log, GATEWAY_LISTENING,
+                                      lambda url: gateway_health(url, 2) is not None,
                                       f"the gateway for {self.env} (log: {self.log.name})", self.startup_timeout)
         except BaseException:
             self.__exit__()
             raise
         return self
-
-    def tail(self) -> str:
-        with open(self.log.name, errors="replace") as f:
-            return f.read()[-3000:]
 
     def __exit__(self, *exc) -> None:
         if self.proc is None or self.proc.poll() is not None:
