@@ -22,7 +22,7 @@ from env_gateway.client import (BackendFailed, BadRequest, GatewayClient, Gatewa
 from env_gateway.adapters import BackendError
 from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
 from env_gateway.fake_backend import FakeBackendProcess, expected_action, running
-from env_gateway.server import Gateway
+from env_gateway.server import ApiError, Gateway
 from tests.env_server_proc import refusing_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -156,6 +156,49 @@ def test_overload_gives_503_with_retry_after_and_sends_nothing():
                 r = await retrying.step(other.session_id, "move 2")
                 assert r.observation.startswith("item 2 step 1")
                 await retrying.aclose()
+    run(main())
+
+
+def test_a_full_queue_is_refused_at_once_and_queue_waits_are_measured():
+    """--max-queue bounds how many requests wait for a replica's slot: one over it gets 503 at once (not after the
+    queue timeout), and the wait of a request that queued shows in cope_gateway_queue_wait_seconds."""
+    async def main():
+        async with running("agentgym", delay=0.5) as (backend, burl), \
+                gateway({"babyai": [burl]}, max_concurrency=1, max_queue=1, queue_timeout=20) as (gw, url):
+            slots = gw.pools["babyai"].replicas[0].slots
+            async with GatewayClient(url, retry_overloaded=False) as client:
+                a, b = await client.create("babyai", 1), await client.create("babyai", 2)
+                t0 = time.monotonic()
+                first = asyncio.ensure_future(client.step(a.session_id, expected_action(1, 0)))
+                await until(lambda: backend.inflight == 1)
+                queued = asyncio.ensure_future(client.step(b.session_id, expected_action(2, 0)))
+                await until(lambda: len(slots.waiters) == 1)
+                status, body, headers = await raw(url, "POST", "/v1/sessions", json.dumps({"env": "babyai",
+                                                                                         "item_id": 3}))
+                assert (status, body["error"], headers["Retry-After"]) == (503, "overloaded", "1"), body
+                assert "has 1 requests queued already; retry later" in body["detail"], body
+                await first
+                assert (await queued).observation.startswith("item 2 step 1")  # the queued step ran once freed
+                elapsed = time.monotonic() - t0
+            waits = {s.labels["endpoint"]: s.value for f in text_string_to_metric_families(gw.metrics.render().decode())
+                     for s in f.samples if s.name == "cope_gateway_queue_wait_seconds_sum"}
+            assert 0.2 < waits["step"] < elapsed, waits  # it waited out most of the first step's 0.5 s
+            assert backend.counts["create"] == 2 and backend.counts["step"] == 2  # the refused create sent nothing
+    run(main())
+
+
+def test_a_queue_timeout_asks_to_retry_after_half_of_it():
+    """Retry-After of a request that waited out --queue-timeout: half the timeout, at least 1 s."""
+    async def main():
+        async with running("agentgym") as (backend, burl), \
+                gateway({"babyai": [burl]}, max_concurrency=1, queue_timeout=2.4) as (gw, url):
+            replica = gw.pools["babyai"].replicas[0]
+            assert replica.slots.try_take()  # the only slot, held for the whole test
+            with pytest.raises(ApiError) as e:
+                await gw.acquire(replica, None, "babyai")
+            assert (e.value.status, e.value.error, e.value.retry_after) == (503, "overloaded", 1.2)
+            assert "limit of 1 requests in flight for 2.4s (queue timeout)" in e.value.detail
+            assert "nothing was sent to the backend" in e.value.detail
     run(main())
 
 
@@ -337,7 +380,7 @@ def test_max_sessions():
 
 @pytest.mark.parametrize("method,path,body,status,error,hint", [
     ("POST", "/v1/sessions", b"{not json", 400, "bad_json", "not valid JSON"),
-    ("POST", "/v1/sessions", b"[1, 2]", 400, "bad_json", "JSON object"),
+    ("POST", "/v1/sessions", b"[1, 2]", 400, "bad_json", "must be a JSON object, got list"),
     ("POST", "/v1/sessions", b'{"item_id": 1}', 400, "missing_field", "'env'"),
     ("POST", "/v1/sessions", b'{"env": "babyai"}', 400, "missing_field", "'item_id'"),
     ("POST", "/v1/sessions", b'{"env": "nethack", "item_id": 1}', 404, "unknown_env", "known: babyai"),
@@ -353,9 +396,9 @@ def test_max_sessions():
      "--max-action-bytes"),
     ("POST", "/v1/sessions/{sid}/step", b'{"action": "go \\ud800"}', 400, "bad_action", "lone surrogate"),
     ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 1, "pad": "' + b"x" * 300_000 + b'"}', 413,
-     "body_too_large", "--max-body"),
+     "body_too_large", "over 100000 bytes: send less, or raise the gateway's --max-body"),
     ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": ' + b"[" * 40_000 + b"]" * 40_000 + b"}", 400,
-     "bad_json", "deeper"),  # was: 500 (RecursionError)
+     "bad_json", "deeper than the JSON parser takes; send a flat JSON object"),  # was: 500 (RecursionError)
     ("POST", "/v1/sessions", b'{"env": "babyai", "item_id": 1, "seed": Infinity}', 400, "bad_json", "finite"),
     ("POST", "/v1/sessions", b'{"env": "' + b"b" * 90_000 + b'", "item_id": 1}', 404, "unknown_env",
      "(90002 characters)"),  # was: the 90 KB name echoed back
@@ -442,6 +485,12 @@ def test_a_body_that_does_not_arrive_in_time_gets_408():
             t0 = time.monotonic()
             status_line = await asyncio.wait_for(reader.readline(), 5)
             assert status_line.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 > 0.4  # not before the deadline
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            answer = json.loads(await asyncio.wait_for(reader.readexactly(length), 5))
+            assert answer == {"error": "body_timeout", "detail": "the body did not arrive within 0.5s "
+                                                                "(--read-timeout); send it at once"}
             writer.close()
     run(main())
 
@@ -528,6 +577,10 @@ def test_metrics_parse_as_prometheus_text():
                 for item in range(4):
                     await play(client, "babyai", item)
                 await raw(url, "POST", "/v1/sessions", b"{bad")
+                await raw(url, "GET", "/v1/envs")
+                await raw(url, "GET", "/v1/health")
+                async with client.http().get(url + "/metrics"):  # counted from the second scrape on
+                    pass
                 async with client.http().get(url + "/metrics") as r:
                     assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
                     text = await r.text()
@@ -537,6 +590,9 @@ def test_metrics_parse_as_prometheus_text():
         assert samples[("cope_gateway_requests_total", (("code", "200"), ("endpoint", "create"), ("env", "babyai")))] == 4
         assert samples[("cope_gateway_errors_total", (("endpoint", "create"), ("env", "-"), ("error", "bad_json")))] == 1
         assert samples[("cope_gateway_overhead_seconds_count", (("endpoint", "step"), ("env", "babyai")))] == 12
+        # every route under the endpoint name that metrics.py documents (dashboards select on it)
+        endpoints = {dict(labels)["endpoint"] for name, labels in samples if name == "cope_gateway_requests_total"}
+        assert endpoints == {"create", "step", "close", "envs", "health", "metrics"}, endpoints
         assert samples[("cope_gateway_replica_up", (("env", "babyai"), ("replica", burl)))] == 1.0
         assert samples[("cope_gateway_open_sessions", (("env", "babyai"),))] == 0
         assert samples[("cope_gateway_sessions_opened_total", (("env", "babyai"),))] == 4
