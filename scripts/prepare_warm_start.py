@@ -8,8 +8,8 @@ built here, and its supervised warm start.
 Starts the env's real server (``.venvs/<env>``), asks it for the train split's item ids (``GET /items``), keeps
 BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
 
-    DIR/data/heldout.jsonl   the last ``--heldout`` of those ids: the held-out evaluation set
-    DIR/data/train.jsonl     the others: RL's prompts
+    DIR/data/heldout.jsonl   ``--heldout`` of those ids, drawn by a fixed shuffle (``split_ids``): the held-out set
+    DIR/data/train.jsonl     the others, in shuffled order: RL's prompts
     DIR/data/demos.jsonl     expert episodes (scripts/make_demos.py's ``episode``) of the first ``--demos`` training ids
                              (``--demo-policy view`` / ``view-random`` / ``view-hesitant``: make_demos.view_only_action
                              acts instead of the server's expert)
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -36,16 +37,22 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
 import make_demos  # noqa: E402  (stdlib only at import: the demo policies and the episode loop)
 
 BABYAI_LEVELS = 40
+SPLIT_SEED = 0
 
 
 def split_ids(ids: list, heldout: int, demos: int) -> tuple[list, list]:
-    """(training ids, held-out ids): the held-out ones are the last ``heldout``; refuses too few ids."""
+    """(training ids, held-out ids): a fixed shuffle of ``ids`` (``SPLIT_SEED``, the same for every ``--seed``), whose
+    first ``heldout`` are held out (returned sorted) and the rest, in shuffled order, train (demos are their first
+    ``--demos``). Shuffled because an env may list its ids in order of difficulty: TextCraft's are its goals sorted by
+    recipe depth, so a held-out tail was its 100 deepest goals and the demos its shallowest (greedy held-out success
+    0/100). Refuses too few ids."""
     if heldout < 1 or demos < 1:
         raise SystemExit("prepare_warm_start: --heldout and --demos must be >= 1")
     if len(ids) < heldout + demos:
         raise SystemExit(f"prepare_warm_start: {len(ids)} item ids are too few for {heldout} held-out items plus "
                          f"{demos} demos; lower --heldout / --demos or choose more --levels")
-    return ids[:-heldout], ids[-heldout:]
+    shuffled = random.Random(SPLIT_SEED).sample(ids, len(ids))
+    return shuffled[heldout:], sorted(shuffled[:heldout])
 
 
 def main(argv: list[str] | None = None) -> dict:

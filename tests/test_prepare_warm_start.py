@@ -1,5 +1,5 @@
-"""scripts/prepare_warm_start.py: held-out ids are disjoint from training ids and demos; bad requests are refused;
-a SIGTERM leaves no env server behind."""
+"""scripts/prepare_warm_start.py: held-out ids and demos are drawn from the whole id list and never overlap; bad
+requests are refused; a SIGTERM leaves no env server behind."""
 
 import os
 import signal
@@ -12,11 +12,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import prepare_warm_start  # noqa: E402
 
 
-def test_held_out_ids_are_the_tail_and_never_trained_on():
-    ids = list(range(0, 4000, 40))
+def test_held_out_ids_and_demos_come_from_the_whole_range_of_an_ordered_id_list():
+    """TextCraft lists its ids by recipe depth; held-out items and demos must not be its two ends (they were: the
+    held-out set was the tail, the 100 deepest goals, the demos the head)."""
+    ids = list(range(0, 4000, 40))  # think of id // 1000 as the depth
     train, heldout = prepare_warm_start.split_ids(ids, heldout=30, demos=50)
-    assert heldout == ids[-30:] and train == ids[:-30]
-    assert not set(train) & set(heldout)  # demos are train[:demos], so they never meet held-out ids either
+    assert sorted(train + heldout) == ids and not set(train) & set(heldout)  # demos (train[:50]) are never held out
+    assert heldout == sorted(heldout) and train != sorted(train)  # demos are train[:demos]: its order matters
+    for part in (heldout, train[:50]):
+        assert {i // 1000 for i in part} == {0, 1, 2, 3}, part  # every depth, not only the deepest or the shallowest
+    assert prepare_warm_start.split_ids(ids, heldout=30, demos=50) == (train, heldout)  # fixed, run to run
 
 
 def test_too_few_ids_for_the_request_is_a_clear_error():
