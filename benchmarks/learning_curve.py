@@ -43,6 +43,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -103,13 +104,31 @@ def half_width(values: list[float]) -> float:
     return T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
 
 
+def run_child(cmd: list[str], log=None, env: dict | None = None) -> int:
+    """Run ``cmd`` to its end and return its exit code; if this process is stopped meanwhile (Ctrl-C, or SIGTERM,
+    which ``main`` turns into SystemExit), the child gets SIGTERM and up to 60 s to stop what it started (the
+    trainer: gateway, env servers, Ray, vLLM) before SIGKILL. subprocess.run would SIGKILL it at once."""
+    child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
+    try:
+        return child.wait()
+    except BaseException:
+        child.terminate()
+        try:
+            child.wait(60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+
+
 def warm_start(env: str, out: str) -> str:
     folder = os.path.join(out, env, "warm_start")
     if not os.path.isdir(os.path.join(folder, "model-sft")):
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "prepare_warm_start.py"), "--env", env, "--out", folder,
                *WARM_START[env]]
         print(f"[learning_curve] {env}: warm start -> {folder}", flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True)
+        if run_child(cmd) != 0:
+            raise RuntimeError(f"{env}: the warm start failed; see its output above")
     return folder
 
 
@@ -128,7 +147,7 @@ def run_one(env: str, config: str, seed: int, start: str, out: str, args) -> Non
     os.makedirs(out)
     t = time.time()
     with open(os.path.join(out, "train.log"), "w") as log:
-        code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = run_child(cmd, log)
     if code != 0:
         raise RuntimeError(f"{env} {config} seed {seed} failed ({code}); see {out}/train.log")
     print(f"[learning_curve] {env} {config} seed {seed}: {time.time() - t:.0f} s", flush=True)
@@ -159,7 +178,7 @@ def evaluate(env: str, model: str, folder: str, items: str, gateway: str, names=
             cmd, env_vars = eval_command(env, model, items, folder, name, gateway)
             t = time.time()
             with open(stem + ".log", "w") as log:
-                code = subprocess.run(cmd, cwd=ROOT, env=env_vars, stdout=log, stderr=subprocess.STDOUT).returncode
+                code = run_child(cmd, log, env_vars)
             if code != 0:
                 raise RuntimeError(f"{env} {name} eval of {model} failed ({code}); see {stem}.log")
             with open(path) as f:
@@ -242,6 +261,9 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1:
         parser.error("--steps and --eval-every must be >= 1")
+    # SIGTERM (a scheduler, kill) unwinds like Ctrl-C: the child running now and the evals' EnvStack are stopped on
+    # the way out (without it, the study died alone and left its trainer or warm start and its gateway running)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     # The BabyAI warm start's demonstrator and the recipe were tuned on the compact text
     # (env_gateway/servers/babyai.py); every server the study starts (warm start, trainer, evals) inherits it.
     os.environ.setdefault("BABYAI_TEXT", "compact")

@@ -1,12 +1,15 @@
 """benchmarks/learning_curve.py: the study runs the quickstart's recipe, its statistics are the stated ones, and it
-scores each final model greedy and sampled with the training turn limit."""
+scores each final model greedy and sampled with the training turn limit; a SIGTERM stops it and what it started."""
 
+import contextlib
 import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -102,14 +105,14 @@ def test_eval_commands_play_greedy_and_sampled_with_the_training_turn_limit(env)
 def test_evals_run_once_and_an_env_failure_is_not_kept(tmp_path, monkeypatch):
     failures, calls = {"n": 3}, []
 
-    def fake_eval(cmd, **kwargs):  # scripts/eval.py's report, as it writes it to --out
+    def fake_eval(cmd, log=None, env=None):  # scripts/eval.py's report, as it writes it to --out
         out = cmd[cmd.index("--out") + 1]
         calls.append(os.path.basename(out))
         with open(out, "w") as f:
             json.dump({"env_failures": failures["n"], "metrics": {"file": os.path.basename(out)}}, f)
-        return subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(learning_curve.subprocess, "run", fake_eval)
+    monkeypatch.setattr(learning_curve, "run_child", fake_eval)
     with pytest.raises(RuntimeError, match="failed 3 episodes"):
         learning_curve.evaluate("babyai", "/m", str(tmp_path), "/items.jsonl", "http://127.0.0.1:1")
     assert sorted(os.listdir(tmp_path)) == ["eval_greedy.failed.json", "eval_greedy.log"]
@@ -139,11 +142,41 @@ def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
     (out / "tb" / "events.out.tfevents.stale").write_text("from the killed run")
     seen = []
 
-    def fake_train(cmd, **kwargs):
+    def fake_train(cmd, log=None, env=None):
         seen.append(sorted(str(p.relative_to(out)) for p in out.rglob("*")))
-        return subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(learning_curve.subprocess, "run", fake_train)
+    monkeypatch.setattr(learning_curve, "run_child", fake_train)
     args = type("Args", (), {"steps": 2, "eval_every": 1})()
     learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), args)
     assert seen == [["train.log"]]
+
+
+def test_sigterm_stops_the_study_and_what_it_started(tmp_path):
+    """A scheduler's SIGTERM used to kill the study alone: its warm start (or trainer) and their env servers ran on."""
+    import psutil
+
+    from tests.env_server_proc import require_venv
+
+    require_venv("babyai")
+    with open(tmp_path / "study.log", "w") as log:
+        study = subprocess.Popen([sys.executable, "benchmarks/learning_curve.py", "--envs", "babyai", "--configs", "grpo",
+                                  "--seeds", "0", "--out", str(tmp_path / "out")], cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT)
+    started: list = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any("env_gateway.servers.babyai" in " ".join(p.cmdline()) for p in started):
+            assert study.poll() is None and time.monotonic() < deadline, (tmp_path / "study.log").read_text()[-3000:]
+            time.sleep(0.2)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                started = psutil.Process(study.pid).children(recursive=True)  # the warm start and its env server
+        study.send_signal(signal.SIGTERM)
+        assert study.wait(timeout=90) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(started, timeout=30)
+        assert not alive, f"left running: {[' '.join(p.cmdline())[:120] for p in alive]}"
+    finally:
+        for process in [study, *started]:  # a failing run leaves nothing either
+            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+                process.kill()
+        study.wait()
