@@ -175,12 +175,14 @@ class GatewayAgent(AgentInstanceBase):
             raise RuntimeError(f"{type(self).__name__} runs inside GatewayAgentExecutor.execute (use the env file's "
                                "AgentExecutor, not MultiTurnAgentExecutor directly)")
         self.episode = episode
-        episode.agents.append(self)
         self.horizon = TurnLimit.from_env(self.default_max_turns).horizon(next(_episode_counter))
         self.call_timeout = _env_float("ENV_CALL_TIMEOUT_S", 120.0)
         self.deadline = time.monotonic() + _env_float("EPISODE_TIMEOUT_S", 900.0)
         self.client = gateway_client(os.environ.get("COPE_GATEWAY_URL") or DEFAULT_GATEWAY_URL, self.call_timeout)
         self.session: EnvSession | None = None
+        # registered for the executor's close() only once made: a refused setting above reaches the user as its
+        # ValueError, not as close()'s AttributeError on a half-made agent
+        episode.agents.append(self)
         self.item_id = ""
         self.turns = self.invalid = self.rejected = 0
         self.env_time = 0.0

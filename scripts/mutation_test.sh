@@ -25,7 +25,8 @@ LIB="$ROOT/.venvs/mutmut-lib"
 declare -A TESTS=(
   [env_gateway/server.py]="tests/test_gateway.py tests/test_gateway_cli.py tests/test_gateway_adapters.py
                            tests/test_adapters_contract.py"
-  [agent_funcs/base.py]="tests/test_agent_funcs.py tests/test_adapters_contract.py tests/test_action_formats.py"
+  [agent_funcs/base.py]="tests/test_agent_base_contract.py tests/test_agent_funcs.py tests/test_adapters_contract.py
+                         tests/test_action_formats.py"
   [cope_rlhf/advantage.py]="tests/test_advantage.py tests/test_actor.py"
   [cope_rlhf/forecast.py]="tests/test_forecast.py tests/test_action_formats.py"
   [scripts/eval.py]="tests/test_eval.py tests/test_adapters_contract.py"

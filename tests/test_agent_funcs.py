@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 
 import pytest
 
+import agent_funcs.base as agent_base
 from agent_funcs.babyai import BabyAIAgent
-from agent_funcs.base import INVALID_ACTION, TurnLimit
+from agent_funcs.base import INVALID_ACTION, TurnLimit, gateway_client
 from cope_rlhf.chat_format import parse_react_action
 from cope_rlhf.forecast import ReActFormat
 from tests.agent_funcs_stack import (AGENT_ENV_VARS, TEST_GATEWAY_FLAGS, ScriptedEngine, expert_rollout, load_agent_func,
@@ -285,3 +287,86 @@ def test_turn_limit_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("MAX_TURNS", "-1")
     with pytest.raises(ValueError, match="MAX_TURNS"):
         TurnLimit.from_env(20)
+
+
+def test_turn_limit_boundaries(monkeypatch, tmp_path):
+    """One turn is a turn limit; until the trainer first writes the step file, the episode is at step 0."""
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MAX_TURNS", "1")
+    assert TurnLimit.from_env(20).horizon(0) == 1
+    monkeypatch.setenv("HORIZON_SCHEDULE", "1,3")
+    monkeypatch.setenv("HORIZON_STAGE_STEPS", "1")
+    monkeypatch.setenv("HORIZON_EPISODES_PER_STEP", "1")
+    assert [TurnLimit.from_env(20).horizon(i) for i in (0, 1, 2)] == [1, 3, 3]
+    monkeypatch.delenv("HORIZON_EPISODES_PER_STEP")
+    monkeypatch.setenv("COPE_TRAIN_STEP_FILE", str(tmp_path / "not-written-yet"))
+    assert TurnLimit.from_env(20).horizon(5) == 1
+
+
+NEEDS_STEP = ("HORIZON_SCHEDULE needs the training step: set COPE_TRAIN_STEP_FILE (a file the trainer rewrites with "
+              "the step number) or HORIZON_EPISODES_PER_STEP (episodes per step on this rollout engine)")
+
+
+BAD_SETTINGS = [  # (settings, the error they get)
+    ({"ENV_CALL_TIMEOUT_S": "abc"}, "ENV_CALL_TIMEOUT_S='abc' is not a number"),
+    ({"ENV_CALL_TIMEOUT_S": "0"}, "ENV_CALL_TIMEOUT_S must be > 0, got '0'"),
+    ({"EPISODE_TIMEOUT_S": "15 min"}, "EPISODE_TIMEOUT_S='15 min' is not a number"),
+    ({"EPISODE_TIMEOUT_S": "-5"}, "EPISODE_TIMEOUT_S must be > 0, got '-5'"),
+    ({"MAX_TURNS": "0"}, "MAX_TURNS must be a positive integer, got '0'"),
+    ({"MAX_TURNS": "ten"}, "MAX_TURNS must be a positive integer, got 'ten'"),
+    ({"MAX_TURNS": "2.5"}, "MAX_TURNS must be a positive integer, got '2.5'"),
+    ({"HORIZON_SCHEDULE": "6,0", "HORIZON_EPISODES_PER_STEP": "4"},
+     "HORIZON_SCHEDULE='6,0': every horizon must be a positive integer"),
+    ({"HORIZON_SCHEDULE": "6,-13,20", "HORIZON_EPISODES_PER_STEP": "4"},
+     "HORIZON_SCHEDULE='6,-13,20': every horizon must be a positive integer"),
+    ({"HORIZON_SCHEDULE": "6,13", "HORIZON_EPISODES_PER_STEP": "0"},
+     "HORIZON_EPISODES_PER_STEP must be a positive integer, got '0'"),
+    ({"HORIZON_SCHEDULE": "6,13", "HORIZON_EPISODES_PER_STEP": "4", "HORIZON_STAGE_STEPS": "x"},
+     "HORIZON_STAGE_STEPS must be a positive integer, got 'x'"),
+    ({"HORIZON_SCHEDULE": "6,13"}, NEEDS_STEP),
+]
+
+
+@pytest.mark.parametrize("settings,message", BAD_SETTINGS,
+                         ids=[" ".join(f"{k}={v}" for k, v in settings.items()) for settings, _ in BAD_SETTINGS])
+def test_a_bad_setting_is_refused_naming_the_variable(tok, monkeypatch, settings, message):
+    """Read as the executor makes the agent (the episode's start, before any env call or generation): the error says
+    which variable, what it holds and what it needs. It used to reach users as AttributeError: the agent was
+    registered for the executor's close() before it read its settings, and close() met a half-made agent."""
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    engine = ScriptedEngine(tok, [react("look")])
+    with refusing_port() as dead, pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        monkeypatch.setenv("COPE_GATEWAY_URL", f"http://127.0.0.1:{dead.getsockname()[1]}")  # were it to get that far
+        asyncio.run(run_episode("babyai", 0, engine, tok, timeout=30))
+    assert engine.prompts == []
+
+
+def test_the_agent_outside_its_executor_says_which_executor_to_use(tok):
+    from openrlhf.utils.agent import MultiTurnAgentExecutor
+
+    message = ("BabyAIAgent runs inside GatewayAgentExecutor.execute (use the env file's AgentExecutor, not "
+               "MultiTurnAgentExecutor directly)")
+    executor = MultiTurnAgentExecutor(BabyAIAgent)
+    with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
+        asyncio.run(executor.execute("babyai/0", "0", None, 1000, tok, ScriptedEngine(tok, [])))
+
+
+def test_one_gateway_client_per_url_and_call_timeout(monkeypatch):
+    monkeypatch.setattr(agent_base, "CLIENTS", {})
+    monkeypatch.setenv("COPE_GATEWAY_URL", "http://127.0.0.1:1")  # not the URL asked for
+    client = gateway_client("http://127.0.0.1:2", 7.5)
+    assert (client.base_url, client.timeout) == ("http://127.0.0.1:2", 7.5)
+    assert gateway_client("http://127.0.0.1:2", 7.5) is client
+    other = gateway_client("http://127.0.0.1:2", 30.0)
+    assert other is not client and other.timeout == 30.0
+
+
+def test_an_envs_own_action_parser_decides_the_realized_action():
+    """AppWorld's action (unfenced here) is all the code after Action:, not its first line."""
+    from agent_funcs.appworld import AppWorldAgent
+
+    assert AppWorldAgent.realized_action("Thought: set up.\nAction:\nx = 1\ny = x + 1\n") == "x = 1\ny = x + 1"
