@@ -1,7 +1,8 @@
 """The tests' side of the built-in env servers: ``EnvServerProcess`` and ``call`` (env_gateway/servers/process.py,
 shared with the scripts), episode helpers that drive the AgentGym protocol (``expert_episode``, ``replay``,
 ``check_no_cross_talk``, ``check_crafted_actions``), and pytest helpers (``require_venv``, ``server_fixture``) that
-skip with a clear reason when a server's venv has not been built, and a port nothing listens on (``refusing_port``).
+skip with a clear reason when a server's venv has not been built, a port nothing listens on (``refusing_port``), and
+the check that a script stopped by SIGTERM stops the processes it started (``check_sigterm_stops``).
 """
 
 from __future__ import annotations
@@ -141,3 +142,23 @@ def server_fixture(name: str, *args: str, scope: str = "module"):
 if __name__ == "__main__":  # manual smoke run: python tests/env_server_proc.py NAME
     with EnvServerProcess(sys.argv[1], *sys.argv[2:]) as p:
         print(p.ok("GET", "/"))
+
+
+def check_sigterm_stops(proc, started: list, timeout: float = 30.0) -> None:
+    """SIGTERM to ``proc`` (a Popen of a script that starts env servers and the like): it exits with 128 + SIGTERM
+    and every process of ``started`` (psutil.Process) is gone within ``timeout``. Whatever the outcome, nothing is left
+    running: all of them are killed on the way out."""
+    import signal
+
+    import psutil
+
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=timeout * 3) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(started, timeout=timeout)
+        assert not alive, f"left running: {[' '.join(p.cmdline())[:120] for p in alive]}"
+    finally:
+        for process in [proc, *started]:
+            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+                process.kill()
+        proc.wait()

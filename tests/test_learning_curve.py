@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -156,7 +155,7 @@ def test_sigterm_stops_the_study_and_what_it_started(tmp_path):
     """A scheduler's SIGTERM used to kill the study alone: its warm start (or trainer) and their env servers ran on."""
     import psutil
 
-    from tests.env_server_proc import require_venv
+    from tests.env_server_proc import check_sigterm_stops, require_venv
 
     require_venv("babyai")
     with open(tmp_path / "study.log", "w") as log:
@@ -171,12 +170,5 @@ def test_sigterm_stops_the_study_and_what_it_started(tmp_path):
             time.sleep(0.2)
             with contextlib.suppress(psutil.NoSuchProcess):
                 started = psutil.Process(study.pid).children(recursive=True)  # the warm start and its env server
-        study.send_signal(signal.SIGTERM)
-        assert study.wait(timeout=90) == 128 + signal.SIGTERM
-        _, alive = psutil.wait_procs(started, timeout=30)
-        assert not alive, f"left running: {[' '.join(p.cmdline())[:120] for p in alive]}"
     finally:
-        for process in [study, *started]:  # a failing run leaves nothing either
-            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
-                process.kill()
-        study.wait()
+        check_sigterm_stops(study, started)

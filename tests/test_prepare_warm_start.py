@@ -2,7 +2,6 @@
 requests are refused; a SIGTERM leaves no env server behind."""
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -43,7 +42,7 @@ def test_levels_are_checked_before_anything_starts(argv, message, capsys):
 def test_sigterm_mid_run_stops_its_env_server(tmp_path):
     import psutil
 
-    from tests.env_server_proc import require_venv
+    from tests.env_server_proc import check_sigterm_stops, require_venv
 
     require_venv("babyai")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,14 +57,5 @@ def test_sigterm_mid_run_stops_its_env_server(tmp_path):
         servers = [c for c in psutil.Process(proc.pid).children(recursive=True)
                    if "env_gateway.servers.babyai" in " ".join(c.cmdline())]
         assert servers, "no env server under the run"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-        gone, alive = psutil.wait_procs(servers, timeout=15)
-        assert not alive, f"env server left running: {[p.pid for p in alive]}"
     finally:
-        for process in [proc, *servers]:  # a failing run leaves nothing either
-            try:
-                process.kill()
-            except (ProcessLookupError, psutil.NoSuchProcess):
-                pass
-        proc.wait()
+        check_sigterm_stops(proc, servers, timeout=15)
