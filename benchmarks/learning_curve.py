@@ -110,16 +110,13 @@ def run_child(cmd: list[str], log=None, env: dict | None = None) -> int:
     """Run ``cmd`` to its end and return its exit code; if this process is stopped meanwhile (Ctrl-C, or SIGTERM,
     which ``main`` turns into SystemExit), the child gets SIGTERM and up to 60 s to stop what it started (the
     trainer: gateway, env servers, Ray, vLLM) before SIGKILL. subprocess.run would SIGKILL it at once."""
+    from env_gateway.servers.process import stop_process
+
     child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
     try:
         return child.wait()
     except BaseException:
-        child.terminate()
-        try:
-            child.wait(60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_process(child, grace=60)
         raise
 
 

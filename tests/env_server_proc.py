@@ -139,11 +139,6 @@ def server_fixture(name: str, *args: str, scope: str = "module"):
     return _server
 
 
-if __name__ == "__main__":  # manual smoke run: python tests/env_server_proc.py NAME
-    with EnvServerProcess(sys.argv[1], *sys.argv[2:]) as p:
-        print(p.ok("GET", "/"))
-
-
 def check_sigterm_stops(proc, started: list, timeout: float = 30.0) -> None:
     """SIGTERM to ``proc`` (a Popen of a script that starts env servers and the like): it exits with 128 + SIGTERM
     and every process of ``started`` (psutil.Process) is gone within ``timeout``. Whatever the outcome, nothing is left
@@ -162,3 +157,8 @@ def check_sigterm_stops(proc, started: list, timeout: float = 30.0) -> None:
             with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
                 process.kill()
         proc.wait()
+
+
+if __name__ == "__main__":  # manual smoke run: python tests/env_server_proc.py NAME
+    with EnvServerProcess(sys.argv[1], *sys.argv[2:]) as p:
+        print(p.ok("GET", "/"))

@@ -50,12 +50,12 @@ def call(base_url: str, method: str, path: str, body: dict | bytes | None = None
             return e.code, raw.decode(errors="replace")
 
 
-def stop_process(proc: subprocess.Popen | None) -> None:
-    """SIGTERM, then SIGKILL after 10 s; a no-op for a process that never started or already ended."""
+def stop_process(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; a no-op for a process that never started or already ended."""
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
