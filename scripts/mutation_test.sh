@@ -23,8 +23,8 @@ LIB="$ROOT/.venvs/mutmut-lib"
 # variable the subprocess inherits). forecast.py's loss (packed_forecast_nll) is reached only through the policy
 # actor's tests (test_branches, test_temporal_ensemble: minutes each), left out here: its mutants are "no tests".
 declare -A TESTS=(
-  [env_gateway/server.py]="tests/test_gateway.py tests/test_gateway_cli.py tests/test_gateway_adapters.py
-                           tests/test_adapters_contract.py"
+  [env_gateway/server.py]="tests/test_gateway.py tests/test_gateway_answers.py tests/test_gateway_cli.py
+                           tests/test_gateway_adapters.py tests/test_adapters_contract.py"
   [agent_funcs/base.py]="tests/test_agent_base_contract.py tests/test_agent_funcs.py tests/test_adapters_contract.py
                          tests/test_action_formats.py"
   [cope_rlhf/advantage.py]="tests/test_advantage.py tests/test_actor.py"
