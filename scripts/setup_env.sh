@@ -11,6 +11,12 @@
 # requirements/agentgym-ENV.txt, then $AGENTGYM_DIR/agentenv-ENV with --no-deps, where AGENTGYM_DIR is an AgentGym
 # checkout at commit 3ef9235 (default: ../shared/agentgym-3ef9235 beside this repository). Without that folder it
 # says so and builds nothing (the parity tests then skip with the reason).
+#
+# NAME = tau2 builds τ²-bench's server: the pins of requirements/tau2.txt, then the tau2 package with --no-deps from
+# $TAU2_BENCH_DIR, a sierra-research/tau2-bench checkout at commit c5b2d22 (default: ../shared/tau2-bench-c5b2d22
+# beside this repository). Its domain data (TAU2_BENCH_DIR/data) is copied into the venv, and a .pth file makes it
+# tau2's default data folder (TAU2_DATA_DIR, set in the server's environment, still wins). Without the checkout it
+# says so and builds nothing, exit 0 (tests/test_tau2_real.py then skips with the reason). About 75 s on 2 cores.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,7 +50,18 @@ setup_one() {
             return 0
         fi
     fi
-    local want; want="$( (cat "$req"; echo "$agentgym_pkg") | sha256sum | cut -d' ' -f1)"
+    local tau2_dir=""
+    if [ "$name" = tau2 ]; then
+        tau2_dir="${TAU2_BENCH_DIR:-$(dirname "$ROOT")/shared/tau2-bench-c5b2d22}"
+        if [ ! -f "$tau2_dir/pyproject.toml" ] || [ ! -d "$tau2_dir/src/tau2" ] || [ ! -d "$tau2_dir/data/tau2" ]; then
+            echo "setup_env: tau2: no tau2-bench checkout at $tau2_dir (pyproject.toml, src/tau2, data/tau2): set" \
+                 "TAU2_BENCH_DIR to a sierra-research/tau2-bench checkout at commit c5b2d22 to build τ²-bench's" \
+                 "server; skipped"
+            return 0
+        fi
+        tau2_dir="$(cd "$tau2_dir" && pwd)"
+    fi
+    local want; want="$( (cat "$req"; echo "$agentgym_pkg"; echo "$tau2_dir") | sha256sum | cut -d' ' -f1)"
     local stamp="$venv/.requirements.sha256"
 
     if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -60,12 +77,27 @@ setup_one() {
             "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$src/$(basename "$agentgym_pkg")"
             rm -rf "$src"
         fi
+        if [ -n "$tau2_dir" ]; then
+            # a copy of the package (the checkout may be read-only), and of its domain data: the installed package
+            # looks for data beside its source tree, which a wheel install does not have
+            local src; src="$(mktemp -d)"
+            cp -r "$tau2_dir/pyproject.toml" "$tau2_dir/src" "$src/"
+            [ -f "$tau2_dir/README.md" ] && cp "$tau2_dir/README.md" "$src/"
+            [ -f "$tau2_dir/LICENSE" ] && cp "$tau2_dir/LICENSE" "$src/"
+            chmod -R u+w "$src"
+            "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$src"
+            rm -rf "$src" "$venv/tau2-data"
+            cp -r "$tau2_dir/data" "$venv/tau2-data" && chmod -R u+w "$venv/tau2-data"
+        fi
         echo "$want" > "$stamp"
     fi
     # The repo root on sys.path, so `python -m env_gateway.servers.NAME` runs from the venv (rewritten every run:
     # a moved checkout keeps working).
     local site; site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     echo "$ROOT" > "$site/cope_rlhf_repo.pth"
+    if [ -n "$tau2_dir" ]; then  # tau2 reads TAU2_DATA_DIR when first imported; an explicit setting wins
+        echo "import os; os.environ.setdefault('TAU2_DATA_DIR', '$venv/tau2-data')" > "$site/cope_rlhf_tau2_data.pth"
+    fi
 
     if [ -n "$agentgym_pkg" ]; then  # pip check would flag what the package declares but never imports
         local module; module="agentenv_${name#agentgym-}"
@@ -73,6 +105,18 @@ setup_one() {
             echo "setup_env: $name: importing $module.server fails in $venv; delete it and rerun" >&2; return 1; }
         echo "setup_env: $name: ok"
         return 0
+    fi
+    if [ -n "$tau2_dir" ]; then
+        local out
+        out="$(cd "$ROOT" && "$venv/bin/python" -c "import tau2.registry, env_gateway.servers.tau2" 2>&1)" || {
+            echo "$out" | tail -20 >&2
+            echo "setup_env: tau2: importing tau2.registry fails in $venv (output above); delete it and rerun" >&2
+            return 1; }
+        if [ ! -f "$venv/tau2-data/tau2/user_simulator/simulation_guidelines.md" ]; then
+            echo "setup_env: tau2: note: $tau2_dir/data has no tau2/user_simulator/simulation_guidelines.md (the user" \
+                 "simulator's prompt); the server refuses to start conversations without it: set TAU2_DATA_DIR to" \
+                 "the data folder of a full tau2-bench checkout at c5b2d22 when running it"
+        fi
     fi
     "$venv/bin/python" -m pip check --disable-pip-version-check >/dev/null || {
         echo "setup_env: $name: 'pip check' reports broken requirements in $venv; delete it and rerun" >&2; return 1; }

@@ -80,9 +80,10 @@ def test_real_server_replies(env):
 
 
 def test_tau2_replies_through_its_server_and_the_gateway(monkeypatch):
-    """τ²'s server (with the test suite's FakeTau2Task conversation: the tau2 package is not installed here) behind
-    the real gateway, the agent func under OpenRLHF's executor: targets are the literal tool-call spans (never the
-    constant "</tool_call>"), and the failing calls' observations, as the trajectory holds them, are invalid."""
+    """τ²'s server (with the test suite's FakeTau2Task conversation, in .venv, which has no tau2 package; the
+    real package: tests/test_tau2_real.py) behind the real gateway, the agent func under OpenRLHF's executor:
+    targets are the literal tool-call spans (never the constant "</tool_call>"), and the failing calls'
+    observations, as the trajectory holds them, are invalid."""
     from tests.test_tau2 import call_tool, play
     from tests.tiny_hf import tiny_tokenizer
 

@@ -1,10 +1,13 @@
 """τ²-bench: the env server (env_gateway/servers/tau2.py), its Hermes tool-call parsing and reward shapes, the
 agent func through the real gateway, the item-id files, and the key handling.
 
-The ``tau2`` package (sierra-research/tau2-bench at c5b2d22, Python >= 3.12, not on PyPI) cannot be installed
-here, so the server's conversations come from ``FakeTau2Task``, a stand-in for tau2's environment, user
-simulator and evaluator on one small retail-like task; everything else is real: the server's HTTP layer and
-parsing, the gateway and its ``tau2`` adapter, the agent func under OpenRLHF's ``MultiTurnAgentExecutor``.
+These tests run in the trainer's venv, where the ``tau2`` package is not installed (it lives in .venvs/tau2), so
+the server's conversations come from ``FakeTau2Task``, a stand-in for tau2's environment, user simulator and
+evaluator on one small retail-like task; that keeps the server's own rules (parsing, error cap, reward shapes,
+key handling) fast to pin. Everything else is real: the server's HTTP layer and parsing, the gateway and its
+``tau2`` adapter, the agent func under OpenRLHF's ``MultiTurnAgentExecutor``. The server on the real package
+(sierra-research/tau2-bench at c5b2d22, requires-python >= 3.10, installed into a Python 3.11 venv by
+``bash scripts/setup_env.sh tau2``) is tested in tests/test_tau2_real.py.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ SPLITS = {("airline", "train"): 30, ("airline", "test"): 20, ("retail", "train")
 
 
 class FakeTau2Task:
-    """Stand-in for a tau2 conversation (the package cannot be installed here): order #W1 must be cancelled
+    """Stand-in for a tau2 conversation (the package is not in this venv): order #W1 must be cancelled
     (the "DB" check) and the agent must tell the user "cancelled" (the "COMMUNICATE" check)."""
 
     policy = "Cancel pending orders only after looking them up."
@@ -110,11 +113,11 @@ def test_reward_shapes():
 
 # ---- the agent func through the gateway ----------------------------------------------------------------------
 def play(replies: list[str], reward_shape: str = "binary", max_errors: int = 10, item: str = "retail/7",
-         monkeypatch=None) -> tuple[dict, ScriptedEngine]:
+         monkeypatch=None, max_steps: int = 200) -> tuple[dict, ScriptedEngine]:
     tok = tiny_tokenizer()
 
     async def main():
-        server = Tau2Server(FakeTau2Task, reward_shape=reward_shape, max_errors=max_errors)
+        server = Tau2Server(FakeTau2Task, reward_shape=reward_shape, max_errors=max_errors, max_steps=max_steps)
         async with serve_app(server.app()) as backend, inprocess_gateway({"tau2": backend}) as gateway:
             monkeypatch.setenv("COPE_GATEWAY_URL", gateway)
             engine = ScriptedEngine(tok, replies)
@@ -153,6 +156,21 @@ def test_done_tool_ends_the_episode_and_tau2_judges_it(clean_env):
     dense, _ = play([call_tool("cancel_order", order_id="#W1"), call_tool(STOP_TOOL)], reward_shape="dense",
                     monkeypatch=clean_env)
     assert dense["reward"] == 0.5 and dense["extra_logs"]["success"] == 0.0
+
+
+def test_done_in_a_reply_with_other_calls_runs_them_first(clean_env):
+    result, _ = play([call_tool("cancel_order", order_id="#W1") + call_tool(STOP_TOOL)], reward_shape="dense",
+                     monkeypatch=clean_env)
+    assert result["reward"] == 0.5 and result["extra_logs"]["turns"] == 1  # DB 1 (was: the cancel never ran), COMM. 0
+
+
+def test_the_step_cap_ends_a_conversation_that_goes_nowhere(clean_env):
+    result, _ = play(["Hmm."] * 6, max_steps=5, monkeypatch=clean_env)  # steps: 1, then 2 per reply: 3, 5 = the cap
+    tok = tiny_tokenizer()
+    assert result["reward"] == 0.0 and result["extra_logs"]["turns"] == 2
+    assert "step limit (5)" in tok.decode(result["observation_tokens"][result["action_ranges"][1][1]:])
+    with pytest.raises(ValueError, match="max_errors and max_steps must be >= 1"):
+        Tau2Server(FakeTau2Task, max_steps=0)
 
 
 def test_bare_tool_call_tags_get_a_clear_observation_and_end_at_max_errors(clean_env):
@@ -290,24 +308,14 @@ def test_server_reads_its_key_from_a_file_and_never_shows_it(tmp_path):
         assert url, log.read_text(errors="replace")[-3000:]
         idx = call(url, "POST", "/create", {})[1]
         status, body = call(url, "POST", "/reset", {"env_idx": idx, "session_id": "retail/0"})
-        if importlib.util.find_spec("tau2") is None:  # the real failure mode where the package is absent
-            assert status == 500 and "sierra-research/tau2-bench" in body["detail"] and "c5b2d22" in body["detail"]
+        assert importlib.util.find_spec("tau2") is None  # this venv is the trainer's: tau2 lives in .venvs/tau2
+        # the real failure mode where the package is absent: what to run
+        assert status == 500 and "scripts/setup_env.sh tau2" in body["detail"] and "c5b2d22" in body["detail"], body
     finally:
         stop_process(proc)
     out = log.read_text(errors="replace")
     assert key not in out and key not in " ".join(cmd)
     assert "openai/user" in out  # the log does name the user model
-
-
-@pytest.mark.skipif(importlib.util.find_spec("tau2") is None or not os.environ.get("TAU2_USER_BASE_URL"),
-                    reason="needs the tau2 package (sierra-research/tau2-bench@c5b2d22, Python >= 3.12, not on PyPI: "
-                           "cannot be installed here) and a user model at $TAU2_USER_BASE_URL")
-def test_real_tau2_conversation_opens():  # pragma: no cover - runs only where tau2 is installed
-    from env_gateway.servers.tau2 import RealTau2
-
-    conv = RealTau2(os.environ.get("TAU2_USER_MODEL", "openai/user"),
-                    {"api_base": os.environ["TAU2_USER_BASE_URL"], "api_key": "EMPTY"})("retail", "0")
-    assert conv.start() and conv.policy and any(t["function"]["name"] == STOP_TOOL for t in conv.tools)
 
 
 # ---- item ids --------------------------------------------------------------------------------------------------
@@ -339,3 +347,13 @@ def test_make_tau2_itemid_writes_the_committed_files(tmp_path):
             assert new.read() == committed.read()
     with pytest.raises(SystemExit, match="no split 'nope'"):
         module.main(["--tau2-data", SHARED_TAU2, "--split", "nope", "--out", str(tmp_path)])
+
+
+def test_setup_env_without_a_tau2_bench_checkout_says_what_to_set_and_builds_nothing(tmp_path):
+    absent = tmp_path / "no-tau2-bench"
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup_env.sh"), "tau2"], cwd=ROOT, text=True,
+                         capture_output=True, timeout=60, env={**os.environ, "TAU2_BENCH_DIR": str(absent),
+                                                              "PYTHON": str(tmp_path / "no-python-here")})
+    assert out.returncode == 0, out.stderr
+    assert f"no tau2-bench checkout at {absent}" in out.stdout and "TAU2_BENCH_DIR" in out.stdout, out.stdout
+    assert "skipped" in out.stdout and "building" not in out.stdout and not absent.exists()

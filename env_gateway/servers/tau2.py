@@ -1,35 +1,42 @@
 """τ²-bench (sierra-research/tau2-bench at commit c5b2d22) as an HTTP env server shaped like WebShop's.
 
-    python -m env_gateway.servers.tau2 --port 8011 --user-model openai/<model> --user-base-url http://HOST:PORT/v1
+    .venvs/tau2/bin/python -m env_gateway.servers.tau2 --port 8011 --user-model openai/<model> \
+        --user-base-url http://HOST:PORT/v1      (venv: bash scripts/setup_env.sh tau2)
     (the user simulator's API key is read from --user-key-file, default .secrets/tau2_user_api_key; never argv)
 
 Protocol (the gateway's ``tau2`` adapter speaks it):
     GET  /                             health
     POST /create                       -> env_idx (a bare int)
-    POST /reset {env_idx, session_id}  session_id = "<domain>/<task_id>" (retail, airline, telecom)
-                                       -> {state: the user's first message, policy, tools (OpenAI schemas), domain,
-                                           task_id}
+    POST /reset {env_idx, session_id}  session_id = "<domain>/<task_id>" (retail, airline, telecom; mock: τ²'s test
+                                       domain) -> {state: the user's first message, policy, tools (OpenAI schemas),
+                                       domain, task_id}; 404 for a task id the domain lacks, 422 for a task that
+                                       starts mid-conversation (initial_state.message_history: two mock tasks)
     POST /step {env_idx, action}       -> {state, reward, done, info}
     GET  /observation?env_idx=n        -> {observation: the latest state}
     POST /close {env_idx}
 
 An action is the agent's reply as written. Hermes tool calls ``<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`` (one or more) go to the domain's tools, and the state is their results, each in
-``<tool_response>…</tool_response>``; calling ``done`` ends the conversation. A reply without tool calls is a
-message to the simulated user, and the state is the user's answer; the user ends the conversation with τ²'s stop
-markers. A ``<tool_call>`` tag whose JSON body is missing or broken (the telecom failure: bare tags, looped to
-the step cap) changes nothing and the state says exactly what is wrong. It counts as a tool error, as does a
-tool call that fails; ``--max-errors`` errors end the episode with reward 0 (τ²'s orchestrator ends on too many
-errors the same way).
+</tool_call>`` (one or more) go to the domain's tools, run by τ²'s own domain environment (``get_response``), and
+the state is their results, each in ``<tool_response>…</tool_response>``; calling ``done`` ends the conversation
+(after the reply's other calls ran). A reply without tool calls is a message to τ²'s user simulator, and the state
+is the user's answer; the user ends the conversation with τ²'s stop markers. A ``<tool_call>`` tag whose JSON body
+is missing or broken (the telecom failure: bare tags, looped to the step cap) changes nothing and the state says
+exactly what is wrong ("Tool call error: ..."). It counts as a tool error, as does a tool call that fails;
+``--max-errors`` errors end the episode with reward 0 (τ²'s orchestrator ends on too many errors the same way), and
+so does ``--max-steps``, τ²'s step cap counted as its orchestrator counts messages (the user's first message 1,
+each agent reply 2: the reply and its tool results or the user's answer; the user's own tool calls, telecom only,
+are not counted).
 
-Reward, 0 until the end; at the end τ²'s own evaluation of the conversation (``evaluate_simulation``, all
-criteria) gives ``reward`` (the product over the task's reward basis) and its per-basis breakdown:
+Reward, 0 until the end; at the end τ²'s own evaluation of the conversation (``evaluate_simulation``,
+``EvaluationType.ALL``) gives ``reward`` (the product over the task's reward basis) and its per-basis breakdown:
     --reward-shape binary:  1 if |reward - 1| <= 1e-6 else 0 (τ²'s success)
     --reward-shape dense:   mean of the breakdown's values (partial credit), or reward where there is none
 
 The ``tau2`` package is imported only when a conversation starts (``RealTau2``), so this module imports without
-it; tests plug a stand-in ``conversation_factory`` into ``Tau2Server``. Blocking calls (the user simulator is an
-LLM call) run in a thread pool, one lock per instance.
+it; the user simulator is τ²'s ``UserSimulator`` calling litellm at ``--user-base-url`` (any OpenAI-compatible
+server) with a ``--user-timeout``. Tests plug a stand-in ``conversation_factory`` into ``Tau2Server``
+(tests/test_tau2.py) or run this server on the real package (tests/test_tau2_real.py). Blocking calls run in a
+thread pool, one lock per instance.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ import itertools
 import json
 import logging
 import os
+import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -49,13 +58,14 @@ from typing import Any, Callable, Protocol
 from aiohttp import web
 
 from env_gateway.servers._base import (RequestError, bound_socket, integer_field, json_body, json_errors,
-                                       read_secret_file, reap_idle, short)
+                                       read_secret_file, reap_idle, redact, short)
 
 log = logging.getLogger("env_gateway.servers.tau2")
 
-DOMAINS = ("airline", "retail", "telecom")
+DOMAINS = ("airline", "retail", "telecom", "mock")  # mock: τ²'s small test domain
 STOP_TOOL = "done"
 FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # τ²'s orchestrator opens every conversation with this
+MAX_USER_TOOL_ROUNDS = 50  # the user simulator's own tool calls in a row before it must answer
 CALL_FORMAT = 'Write <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.'
 
 
@@ -122,32 +132,91 @@ class Conversation(Protocol):
 
 
 class RealTau2:
-    """Conversations on the installed ``tau2`` package (commit c5b2d22): its environment, tools and policy, its
-    LLM user simulator, its evaluator. Not run in this repository's tests (the package is not installable here)."""
+    """Conversations on the installed ``tau2`` package (sierra-research/tau2-bench at commit c5b2d22): its domain
+    environment runs the tool calls, its ``UserSimulator`` (through litellm, at the OpenAI-compatible base URL in
+    ``user_llm_args``) plays the customer, its ``evaluate_simulation`` scores the conversation. Tested against the real
+    package in tests/test_tau2_real.py (mock and retail domains, a scripted stand-in for the user model).
 
-    def __init__(self, user_model: str, user_llm_args: dict):
+    The package is imported at the first conversation. Before that, its log (loguru) is routed through ``redact`` at
+    ``log_level`` (the key never reaches a log line), and litellm is told to use its bundled model-cost map instead of
+    fetching one from the internet. Each domain's tasks are loaded once (tau2's own task loader, every split)."""
+
+    def __init__(self, user_model: str, user_llm_args: dict, log_level: str = "WARNING"):
         self.user_model, self._user_llm_args = user_model, user_llm_args  # holds the key: never log this dict
+        self.log_level = log_level
+        self._tasks: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def tasks(self, domain: str) -> dict[str, Any]:
+        """τ²'s tasks of ``domain`` by id (loaded once, by tau2's own task loader)."""
+        with self._lock:
+            if domain not in self._tasks:
+                run = import_tau2(self.log_level)
+                try:
+                    self._tasks[domain] = {task.id: task for task in run.load_tasks(task_set_name=domain)}
+                except FileNotFoundError as e:
+                    raise RuntimeError(f"tau2 cannot load the {domain} tasks ({e}): point TAU2_DATA_DIR at the data "
+                                       "folder of a full tau2-bench checkout at c5b2d22") from None
+            return self._tasks[domain]
 
     def __call__(self, domain: str, task_id: str) -> "_Tau2Conversation":
-        return _Tau2Conversation(domain, task_id, self.user_model, self._user_llm_args)
+        tasks = self.tasks(domain)
+        if task_id not in tasks:
+            raise RequestError(404, "unknown_task", f"tau2 domain {domain} has no task {short(task_id)} (it has "
+                                                    f"{len(tasks)} tasks, e.g. {', '.join(list(tasks)[:3])})")
+        return _Tau2Conversation(domain, tasks[task_id], self.user_model, self._user_llm_args)
+
+
+_TAU2_IMPORTED = False
+
+
+def import_tau2(log_level: str = "WARNING") -> Any:
+    """``tau2.run`` of the installed package, imported once with its log redacted at ``log_level``; RuntimeError that
+    says what to do when the package or its data folder is missing."""
+    global _TAU2_IMPORTED
+    if not _TAU2_IMPORTED:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import (offline hosts)
+        try:
+            from loguru import logger
+
+            logger.remove()
+            logger.add(lambda message: sys.stderr.write(redact(str(message))), level=log_level.upper(),
+                       format="{time:YYYY-MM-DD HH:mm:ss,SSS} tau2 {level} {message}", colorize=False)
+            import tau2.run  # noqa: F401  (the import that fails where the package is missing)
+            from tau2.utils.utils import DATA_DIR
+        except ImportError as e:
+            raise RuntimeError(f"the tau2 package is not importable ({e}): build this server's venv with `bash "
+                               "scripts/setup_env.sh tau2` (it installs sierra-research/tau2-bench at commit c5b2d22 "
+                               "from $TAU2_BENCH_DIR) and run the server with .venvs/tau2/bin/python") from None
+        if not os.path.isdir(os.path.join(DATA_DIR, "tau2", "domains")):
+            raise RuntimeError(f"tau2's data folder {DATA_DIR} has no tau2/domains: set TAU2_DATA_DIR to the data "
+                               "folder of a tau2-bench checkout at c5b2d22, or rebuild .venvs/tau2 with `bash "
+                               "scripts/setup_env.sh tau2` (it copies the data there)")
+        guidelines = os.path.join(DATA_DIR, "tau2", "user_simulator", "simulation_guidelines.md")
+        if not os.path.isfile(guidelines):
+            raise RuntimeError(f"tau2's data folder {DATA_DIR} lacks {guidelines}, the user simulator's guidelines "
+                               "(a full tau2-bench checkout at c5b2d22 has them under data/tau2/user_simulator/): "
+                               "set TAU2_DATA_DIR to that checkout's data folder")
+        _TAU2_IMPORTED = True
+    import tau2.run as run
+
+    return run
 
 
 class _Tau2Conversation:
-    def __init__(self, domain: str, task_id: str, user_model: str, user_llm_args: dict):
-        try:
-            from tau2.data_model.message import AssistantMessage, ToolCall as Tau2ToolCall
-            from tau2.registry import registry
-            from tau2.run import get_tasks
-            from tau2.user.user_simulator import UserSimulator
-        except ImportError as e:
-            raise RuntimeError(f"the tau2 package is not importable ({e}): install sierra-research/tau2-bench at "
-                               "commit c5b2d22 into this server's Python >= 3.12 venv (env_gateway/servers/"
-                               "requirements/tau2.manual)") from None
+    def __init__(self, domain: str, task: Any, user_model: str, user_llm_args: dict):
+        from tau2.data_model.message import AssistantMessage, ToolCall as Tau2ToolCall
+        from tau2.registry import registry
+        from tau2.user.user_simulator import UserSimulator
+
         self.AssistantMessage, self.Tau2ToolCall = AssistantMessage, Tau2ToolCall
-        self.domain = domain
-        self.task = get_tasks(task_set_name=domain, task_split_name="base", task_ids=[task_id])[0]
+        self.domain, self.task = domain, task
+        state = task.initial_state
+        if state and state.message_history:
+            raise RequestError(422, "mid_conversation_task", f"tau2 task {domain}/{task.id} starts mid-conversation "
+                                                             "(initial_state.message_history): this server starts "
+                                                             "every conversation from τ²'s greeting")
         self.env = registry.get_env_constructor(domain)()
-        state = self.task.initial_state
         self.env.set_state(initialization_data=state.initialization_data if state else None,
                            initialization_actions=state.initialization_actions if state else None, message_history=[])
         self.policy = self.env.get_policy()
@@ -157,14 +226,11 @@ class _Tau2Conversation:
                            "parameters": {"type": "object", "properties": {}}}})
         try:
             user_tools = self.env.get_user_tools()
-        except ValueError:  # airline and retail users have no tools
+        except ValueError:  # airline, retail and mock users have no tools
             user_tools = None
-        if state and state.message_history:
-            raise RuntimeError(f"tau2 task {domain}/{task_id} starts mid-conversation (message_history): this "
-                               "server starts every conversation from τ²'s greeting")
-        self.user = UserSimulator(tools=user_tools or None, instructions=str(self.task.user_scenario),
-                                  llm=user_model, llm_args=user_llm_args)
-        self.user_state = self.user.get_init_state(message_history=[])
+        self.user = UserSimulator(tools=user_tools or None, instructions=str(task.user_scenario), llm=user_model,
+                                  llm_args=user_llm_args)
+        self.user_state = self.user.get_init_state()
         self.messages: list = []
         self.started = time.time()
 
@@ -173,12 +239,18 @@ class _Tau2Conversation:
 
         self.messages.append(message)
         reply, self.user_state = self.user.generate_next_message(message, self.user_state)
-        while reply.is_tool_call():  # the user's own tools (telecom): run them and let the user go on
+        for _ in range(MAX_USER_TOOL_ROUNDS):  # the user's own tools (telecom): run them and let the user go on
+            if not reply.is_tool_call():
+                break
             self.messages.append(reply)
             results = [self.env.get_response(call) for call in reply.tool_calls]
             self.messages.extend(results)
             wrapped = results[0] if len(results) == 1 else MultiToolMessage(role="tool", tool_messages=results)
             reply, self.user_state = self.user.generate_next_message(wrapped, self.user_state)
+        else:
+            if reply.is_tool_call():
+                raise RuntimeError(f"the user simulator called its tools {MAX_USER_TOOL_ROUNDS} times in a row "
+                                   f"without answering (tau2 {self.domain}/{self.task.id})")
         self.messages.append(reply)
         return reply.content or "", self.user.is_stop(reply)
 
@@ -220,16 +292,21 @@ class Episode:
     state: str = ""
     done: bool = False
     errors: int = 0
+    steps: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
 
 class Tau2Server:
     def __init__(self, conversation_factory: Callable[[str, str], Conversation], reward_shape: str = "binary",
-                 max_errors: int = 10, max_instances: int = 256, workers: int = 16, instance_ttl: float = 3600.0):
+                 max_errors: int = 10, max_instances: int = 256, workers: int = 16, instance_ttl: float = 3600.0,
+                 max_steps: int = 200):
         if reward_shape not in ("binary", "dense"):
             raise ValueError(f"reward_shape must be 'binary' or 'dense', got {reward_shape!r}")
+        if max_errors < 1 or max_steps < 1:
+            raise ValueError(f"max_errors and max_steps must be >= 1, got {max_errors} and {max_steps}")
         self.factory, self.reward_shape, self.max_errors = conversation_factory, reward_shape, max_errors
+        self.max_steps = max_steps
         self.max_instances, self.instance_ttl = max_instances, instance_ttl
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tau2")
         self.episodes: dict[int, Episode] = {}
@@ -266,6 +343,7 @@ class Tau2Server:
             first = await self.blocking(conversation.start)
             ep.conversation, ep.item, ep.state, ep.done, ep.errors = conversation, f"{domain}/{task_id}", first, \
                 False, 0
+            ep.steps = 1  # τ²'s greeting is not a step; the user's first message is
         return web.json_response({"state": first, "policy": conversation.policy, "tools": conversation.tools,
                                   "domain": domain, "task_id": task_id})
 
@@ -286,27 +364,32 @@ class Tau2Server:
                     "info": {}}
         calls, error = parse_hermes(reply)
         stop = any(c.name == STOP_TOOL for c in calls)
+        calls = [c for c in calls if c.name != STOP_TOOL]  # the other calls of a reply that also says done still run
         errors = 0
+        ep.steps += 2  # as τ² counts: the agent's message, then the tool results or the user's answer
         if error is not None:
             ep.state, errors = error, 1
-        elif calls and not stop:
+        elif calls:
             results = await self.blocking(ep.conversation.call_tools, calls)
             ep.state = "\n".join(f"<tool_response>\n{text}\n</tool_response>" for text, _ in results)
             errors = sum(failed for _, failed in results)
-        info: dict = {"tool_errors": errors}
+        info: dict = {"tool_errors": errors, "steps": ep.steps}
         if errors:
             ep.errors += errors
             if ep.errors >= self.max_errors:  # as τ²'s orchestrator: too many tool errors end the episode, reward 0
-                ep.done = True
-                ep.state += "\nToo many tool errors: the conversation is over."
-                return {"state": ep.state, "reward": 0.0, "done": True, "info": info}
-        if error is not None or (calls and not stop):
+                return self.cut(ep, info, f"Too many tool errors ({ep.errors}): the conversation is over.")
+        if not stop and (error is not None or calls):
+            if ep.steps >= self.max_steps:
+                return self.cut(ep, info, f"The step limit ({self.max_steps}) is reached: the conversation is over.")
             return {"state": ep.state, "reward": 0.0, "done": False, "info": info}
         if stop:
             ep.state, user_stopped = "You ended the conversation.", False
         else:
             ep.state, user_stopped = await self.blocking(ep.conversation.to_user, reply.strip())
             if not user_stopped:
+                if ep.steps >= self.max_steps:
+                    return self.cut(ep, info, f"The step limit ({self.max_steps}) is reached: the conversation is "
+                                              "over.")
                 return {"state": ep.state, "reward": 0.0, "done": False, "info": info}
         ep.done = True
         reward, breakdown = await self.blocking(ep.conversation.evaluate, stop)
@@ -314,6 +397,14 @@ class Tau2Server:
         log.info("tau2 %s: done, tau2 reward %.3f, shaped (%s) %.3f", ep.item, reward, self.reward_shape, shaped)
         return {"state": ep.state, "reward": shaped, "done": True,
                 "info": {**info, "tau2_reward": reward, "reward_breakdown": breakdown}}
+
+    @staticmethod
+    def cut(ep: Episode, info: dict, why: str) -> dict:
+        """End the episode early, reward 0 (τ²'s evaluator gives 0 to a run ended by its error or step limit)."""
+        ep.done = True
+        ep.state = f"{ep.state}\n{why}"
+        log.info("tau2 %s: %s", ep.item, why)
+        return {"state": ep.state, "reward": 0.0, "done": True, "info": {**info, "ended": why}}
 
     async def handle_observation(self, request: web.Request) -> web.Response:
         return web.json_response({"observation": self.episode(request.query.get("env_idx")).state})
@@ -370,18 +461,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--user-key-file", default=os.path.join(".secrets", "tau2_user_api_key"))
     p.add_argument("--user-temperature", type=float, default=0.0)
     p.add_argument("--reward-shape", choices=("binary", "dense"), default="binary")
+    p.add_argument("--user-timeout", type=float, default=120.0, help="seconds one user-simulator call may take "
+                   "(litellm's timeout; τ²'s retries come on top)")
     p.add_argument("--max-errors", type=int, default=10, help="tool errors that end an episode (τ²'s default)")
+    p.add_argument("--max-steps", type=int, default=200, help="τ²'s step cap, counted as its orchestrator counts "
+                   "messages (2 per agent reply; the episode ends with reward 0 there; τ²'s eval protocol: 200)")
     p.add_argument("--max-instances", type=int, default=256)
     p.add_argument("--workers", type=int, default=16, help="threads for tau2 and user-simulator calls")
     p.add_argument("--instance-ttl", type=float, default=3600.0, help="seconds an instance may go untouched before "
                    "the server closes it (keep it above the gateway's --session-ttl)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--tau2-log-level", default="WARNING", help="level of the tau2 package's own log (loguru)")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     llm_args = {"api_base": args.user_base_url, "api_key": read_key(args.user_key_file),
-                "temperature": args.user_temperature}
-    server = Tau2Server(RealTau2(args.user_model, llm_args), args.reward_shape, args.max_errors, args.max_instances,
-                        args.workers, args.instance_ttl)
+                "temperature": args.user_temperature, "timeout": args.user_timeout}
+    try:
+        server = Tau2Server(RealTau2(args.user_model, llm_args, args.tau2_log_level), args.reward_shape,
+                            args.max_errors, args.max_instances, args.workers, args.instance_ttl, args.max_steps)
+    except ValueError as e:
+        raise SystemExit(f"tau2 server: {e}") from None
     sock, port = bound_socket(args.host, args.port)  # the log names the port --port 0 got
     web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
         "tau2 server listening on http://%s:%d (user model %s at %s, reward %s)", args.host, port, args.user_model,

@@ -1,0 +1,368 @@
+"""τ²-bench's env server (env_gateway/servers/tau2.py) on the real ``tau2`` package: sierra-research/tau2-bench at
+commit c5b2d22, installed in .venvs/tau2 by ``bash scripts/setup_env.sh tau2`` from ../shared/tau2-bench-c5b2d22
+(or $TAU2_BENCH_DIR). The server runs as a subprocess from that venv; tool calls run in τ²'s own domain environment,
+τ²'s ``UserSimulator`` plays the customer through litellm, and τ²'s ``evaluate_simulation`` gives the reward.
+
+The one part that is not real is the user model behind litellm: ``StandInUser``, a scripted stand-in for an
+OpenAI-compatible chat-completions server (no model runs here). It is enough for these checks, because the reward of
+the mock and retail tasks is decided by the DB state, the actions taken and the information the agent gave, not by
+what the user says. The shared checkout lacks tau2's user-simulator guidelines (data/tau2/user_simulator/*.md, the
+prose of the user model's system prompt): where they are absent, ``tau2_data`` puts one-line stand-ins there, in a
+copy of the data folder the server gets as TAU2_DATA_DIR (a full checkout's own files are used as they are).
+
+Checks: (1) replaying each task's gold actions (``evaluation_criteria.actions``), then telling the user its
+``communicate_info``, through the gateway and the agent func under OpenRLHF's ``MultiTurnAgentExecutor``, earns
+reward 1 from τ²'s evaluator (CI: every mock task and a spread of retail tasks; ``-m slow``: every retail task);
+(2) a wrong action earns less; (3) bare ``<tool_call>`` tags get the server's "no JSON body" observation, and the
+error cap and the step cap end the episode; (4) data/tau2_*.jsonl equal what scripts/make_tau2_itemid.py writes from
+the package's own task loader; and the user model's key reaches the user model, never the server's log.
+
+Skips, with the reason, only where the tau2-bench checkout or .venvs/tau2 is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+from aiohttp import web
+
+from env_gateway.servers.process import log_text
+from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode
+from tests.env_server_proc import ROOT, EnvServerProcess, venv_python
+from tests.tiny_hf import tiny_tokenizer
+
+TAU2_BENCH = os.environ.get("TAU2_BENCH_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "tau2-bench-c5b2d22")
+DOMAINS_DIR = os.path.join(TAU2_BENCH, "data", "tau2", "domains")
+TAU2_PYTHON = venv_python("tau2")
+KEY = "sk-stand-in-user-key-5550123"
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.isdir(DOMAINS_DIR), reason=f"no tau2-bench checkout at {TAU2_BENCH} (its "
+                       "data/tau2/domains): set TAU2_BENCH_DIR to sierra-research/tau2-bench at commit c5b2d22"),
+    pytest.mark.skipif(not os.path.exists(TAU2_PYTHON), reason=f"{TAU2_PYTHON} is absent: run `bash "
+                       "scripts/setup_env.sh tau2` (needs the tau2-bench checkout)"),
+    pytest.mark.timeout(300),
+]
+
+STOP_WORD = "goodbye"  # the stand-in user ends the conversation when the agent says it
+REFUSE = "REFUSE"  # the stand-in user model answers 401, quoting the key, when the agent's message holds it
+
+
+class StandInUser:
+    """A scripted STAND-IN for the user simulator's LLM, not a model: an OpenAI-compatible ``POST
+    /v1/chat/completions`` on 127.0.0.1, in its own thread and event loop, that τ²'s ``UserSimulator`` calls through
+    litellm. Its first answer in a conversation (only τ²'s greeting so far) asks for help; later answers end the
+    conversation with τ²'s stop marker ``###STOP###`` when the agent's last message contains "goodbye", and ask the
+    agent to go on otherwise. An agent message holding ``REFUSE`` gets an HTTP 401 whose error quotes the
+    Authorization header back, as some providers do. It records the model and the Authorization header of every
+    request."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stand-in-user", daemon=True)
+
+    def answer(self, messages: list[dict]) -> str:
+        said = [m for m in messages if m.get("role") != "system"]  # τ² flips roles: the agent's turns are "user"
+        if len(said) <= 1:
+            return "Hi, I need help with my request."
+        last = said[-1].get("content") or ""
+        return "Thank you, that is all. ###STOP###" if STOP_WORD in last.lower() else "Please go on."
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"model": body.get("model"), "authorization": request.headers.get("Authorization")})
+        said = [m for m in body.get("messages") or [] if m.get("role") != "system"]
+        if said and REFUSE in (said[-1].get("content") or ""):
+            return web.json_response({"error": {"message": f"Incorrect API key provided: "
+                                                           f"{request.headers.get('Authorization')}",
+                                                "type": "invalid_request_error", "code": "invalid_api_key"}},
+                                     status=401)
+        text = self.answer(body.get("messages") or [])
+        return web.json_response({
+            "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model"), "choices": [{"index": 0, "finish_reason": "stop",
+                                                    "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    async def _start(self) -> str:
+        app = web.Application()
+        app.add_routes([web.post("/v1/chat/completions", self.completions)])
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    def __enter__(self) -> "StandInUser":
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self._runner is not None:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
+def tasks(domain: str) -> dict[str, dict]:
+    name = "tasks_small.json" if domain == "telecom" else "tasks.json"
+    with open(os.path.join(DOMAINS_DIR, domain, name)) as f:
+        return {t["id"]: t for t in json.load(f)}
+
+
+def call_tool(name: str, arguments: dict) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def gold_replies(task: dict) -> list[str]:
+    """The agent's side of a perfect conversation: each gold action as a tool call, then a last message to the user
+    that holds every ``communicate_info`` string and says goodbye."""
+    criteria = task.get("evaluation_criteria") or {}
+    replies = [call_tool(a["name"], a.get("arguments") or {}) for a in criteria.get("actions") or []
+               if a.get("requestor", "assistant") == "assistant"]
+    info = " ".join(str(x) for x in criteria.get("communicate_info") or [])
+    return replies + [f"All done. {info} Thank you, goodbye.".replace("  ", " ")]
+
+
+def mid_conversation(task: dict) -> bool:
+    return bool((task.get("initial_state") or {}).get("message_history"))
+
+
+GUIDELINES = ("simulation_guidelines.md", "simulation_guidelines_tools.md")
+
+
+@pytest.fixture(scope="module")
+def tau2_data(tmp_path_factory) -> Iterator[str]:
+    """tau2's data folder for the server (TAU2_DATA_DIR): a copy of the checkout's, with a STAND-IN line for each
+    user-simulator guideline file the checkout lacks."""
+    data = tmp_path_factory.mktemp("tau2-data")
+    shutil.copytree(os.path.join(TAU2_BENCH, "data"), data, dirs_exist_ok=True)
+    guidelines = data / "tau2" / "user_simulator"
+    guidelines.mkdir(parents=True, exist_ok=True)
+    for name in GUIDELINES:
+        if not (guidelines / name).exists():
+            (guidelines / name).write_text("Stand-in guidelines for tests: play the customer of the scenario.\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TAU2_DATA_DIR", str(data))
+        yield str(data)
+
+
+@pytest.fixture(scope="module")
+def user() -> Iterator[StandInUser]:
+    with StandInUser() as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("secrets") / "tau2_user_api_key"
+    path.write_text(KEY + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def full_log(server: EnvServerProcess) -> str:
+    """Everything the server process has logged so far (``output()`` is only the tail)."""
+    return log_text(server.log).decode(errors="replace")
+
+
+def tau2_server(user: StandInUser, key_file: str, *flags: str) -> EnvServerProcess:
+    return EnvServerProcess("tau2", "--user-model", "openai/stand-in-user", "--user-base-url", f"{user.url}/v1",
+                            "--user-key-file", key_file, "--user-timeout", "30", "--tau2-log-level", "INFO", *flags,
+                            python=TAU2_PYTHON, startup_timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server(tau2_data, user, key_file) -> Iterator[EnvServerProcess]:
+    with tau2_server(user, key_file) as s:
+        yield s
+
+
+@pytest.fixture
+def agent_env(monkeypatch):
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MAX_TURNS", "60")
+    return monkeypatch
+
+
+def play(server: EnvServerProcess, episodes: list[tuple[str, list[str]]], monkeypatch) -> list[dict]:
+    """Each (item, replies) as one episode through the real gateway and agent func (OpenRLHF's
+    ``MultiTurnAgentExecutor``, replies from ``ScriptedEngine``): the agent func's results, in order."""
+    tok = tiny_tokenizer()
+
+    async def main() -> list[dict]:
+        out = []
+        async with inprocess_gateway({"tau2": server.url}) as gateway:
+            monkeypatch.setenv("COPE_GATEWAY_URL", gateway)
+            for item, replies in episodes:
+                out.append(await run_episode("tau2", item, ScriptedEngine(tok, replies), tok, timeout=120))
+        return out
+
+    return asyncio.run(main())
+
+
+def direct(server: EnvServerProcess, item: str, replies: list[str]) -> list[dict]:
+    """The same episode on the server's own protocol (no gateway): reset's answer, then each step's."""
+    idx = server.ok("POST", "/create")
+    try:
+        answers = [server.ok("POST", "/reset", {"env_idx": idx, "session_id": item}, timeout=60)]
+        for reply in replies:
+            answers.append(server.ok("POST", "/step", {"env_idx": idx, "action": reply}, timeout=60))
+            if answers[-1]["done"]:
+                break
+        return answers
+    finally:
+        server.call("POST", "/close", {"env_idx": idx})
+
+
+def replay_gold(server: EnvServerProcess, domain: str, ids: list[str], monkeypatch) -> dict[str, float]:
+    all_tasks = tasks(domain)
+    results = play(server, [(f"{domain}/{i}", gold_replies(all_tasks[i])) for i in ids], monkeypatch)
+    for i, result in zip(ids, results):
+        assert result["extra_logs"]["turns"] == len(gold_replies(all_tasks[i])), (i, result["extra_logs"])
+    return {i: result["reward"] for i, result in zip(ids, results)}
+
+
+def explain(server: EnvServerProcess, domain: str, failed: list[str]) -> str:
+    """Why each failed task failed: τ²'s breakdown from the direct protocol."""
+    lines = []
+    for i in failed:
+        last = direct(server, f"{domain}/{i}", gold_replies(tasks(domain)[i]))[-1]
+        lines.append(f"{domain}/{i}: {last.get('info')}")
+    return "\n".join(lines)
+
+
+# ---- (1) the gold actions earn 1 ---------------------------------------------------------------------------------
+def test_gold_actions_earn_reward_1_on_every_mock_task(server, agent_env):
+    mock = tasks("mock")
+    ids = [i for i, t in mock.items() if not mid_conversation(t)]
+    assert len(ids) == 7  # of 9: two start mid-conversation (checked below)
+    rewards = replay_gold(server, "mock", ids, agent_env)
+    failed = [i for i, r in rewards.items() if r != 1.0]
+    assert not failed, explain(server, "mock", failed)
+
+
+def test_tasks_that_start_mid_conversation_are_refused_with_the_reason(server):
+    mid = [i for i, t in tasks("mock").items() if mid_conversation(t)]
+    assert mid == ["update_task_with_message_history", "update_task_with_history_and_env_assertions"]
+    idx = server.ok("POST", "/create")
+    for i in mid:
+        status, body = server.call("POST", "/reset", {"env_idx": idx, "session_id": f"mock/{i}"})
+        assert status == 422 and "mid-conversation" in body["detail"], body
+    status, body = server.call("POST", "/reset", {"env_idx": idx, "session_id": "retail/no-such-task"})
+    assert status == 404 and "has no task" in body["detail"], body
+    server.call("POST", "/close", {"env_idx": idx})
+
+
+def retail_ids() -> list[str]:
+    return sorted(tasks("retail"), key=int) if os.path.isdir(DOMAINS_DIR) else []
+
+
+def test_gold_actions_earn_reward_1_on_a_spread_of_retail_tasks(server, agent_env):
+    ids = retail_ids()[::10]  # 12 of 114, every tenth; -m slow replays them all
+    rewards = replay_gold(server, "retail", ids, agent_env)
+    failed = [i for i, r in rewards.items() if r != 1.0]
+    assert not failed, explain(server, "retail", failed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_gold_actions_earn_reward_1_on_at_least_90_percent_of_retail_tasks(server, agent_env):
+    ids = retail_ids()
+    t0 = time.monotonic()
+    rewards = replay_gold(server, "retail", ids, agent_env)
+    failed = [i for i, r in rewards.items() if r != 1.0]
+    print(f"retail: {len(ids) - len(failed)} of {len(ids)} tasks earn 1 in {time.monotonic() - t0:.0f} s; "
+          f"failed: {failed}")
+    assert len(failed) <= 0.1 * len(ids), explain(server, "retail", failed)
+
+
+# ---- (2) a wrong action earns less -------------------------------------------------------------------------------
+def test_wrong_actions_earn_less(server, agent_env):
+    mock_gold = gold_replies(tasks("mock")["create_task_1"])
+    wrong_title = [call_tool("create_task", {"user_id": "user_1", "title": "Unimportant Meeting"}), mock_gold[-1]]
+    retail = tasks("retail")["40"]  # look up, then change an order's payment; the user must hear "60", "mastercard"
+    assert retail["evaluation_criteria"]["actions"][-1]["name"] == "modify_pending_order_payment"
+    assert retail["evaluation_criteria"]["communicate_info"] == ["60", "mastercard"]
+    gold = gold_replies(retail)
+    skip_last_write = gold[:-2] + gold[-1:]  # the payment is never changed
+    said_nothing = gold[:-1] + ["Thank you, goodbye."]  # every action, but the user is not told what they must hear
+    results = play(server, [("mock/create_task_1", mock_gold), ("mock/create_task_1", wrong_title),
+                            ("retail/40", gold), ("retail/40", skip_last_write), ("retail/40", said_nothing)],
+                   agent_env)
+    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert [r["extra_logs"]["success"] for r in results] == [1.0, 0.0, 1.0, 0.0, 0.0]
+    # τ²'s own verdicts, by reward basis
+    assert direct(server, "mock/create_task_1", wrong_title)[-1]["info"]["reward_breakdown"]["DB"] == 0.0
+    assert direct(server, "retail/40", skip_last_write)[-1]["info"]["reward_breakdown"] == {"DB": 0.0,
+                                                                                            "COMMUNICATE": 1.0}
+    assert direct(server, "retail/40", said_nothing)[-1]["info"]["reward_breakdown"] == {"DB": 1.0,
+                                                                                         "COMMUNICATE": 0.0}
+
+
+# ---- (3) bare tags, the error cap and the step cap ---------------------------------------------------------------
+def test_bare_tool_call_tags_get_the_promised_observation_and_the_caps_end_the_episode(tau2_data, user, key_file):
+    with tau2_server(user, key_file, "--max-errors", "4", "--max-steps", "12") as capped:
+        bare = direct(capped, "retail/0", ["<tool_call>"] * 10)
+        loop = direct(capped, "retail/0", ["Let me think about it."] * 10)
+        output = full_log(capped)
+    assert all("Tool call error: <tool_call> number 1 has no JSON body" in a["state"] for a in bare[1:])
+    assert all(a["info"]["tool_errors"] == 1 for a in bare[1:])
+    assert [a["done"] for a in bare[1:]] == [False] * 3 + [True] and bare[-1]["reward"] == 0.0
+    assert "Too many tool errors (4)" in bare[-1]["state"]
+    # steps: 1 (the user's first message) + 2 per reply: the cap of 12 ends it at the sixth reply
+    assert [a["done"] for a in loop[1:]] == [False] * 5 + [True] and loop[-1]["reward"] == 0.0
+    assert "Please go on." in loop[1]["state"] and "step limit (12)" in loop[-1]["state"]
+    assert KEY not in output
+
+
+# ---- the key: to the user model, never to the log ----------------------------------------------------------------
+def test_the_key_reaches_the_user_model_and_never_the_log(server, user, agent_env):
+    before = len(user.requests)
+    play(server, [("mock/create_task_1", gold_replies(tasks("mock")["create_task_1"]))], agent_env)
+    seen = user.requests[before:]
+    assert len(seen) == 2  # the user's first message and its goodbye
+    assert all(r["authorization"] == f"Bearer {KEY}" and r["model"] == "stand-in-user" for r in seen), seen
+    # an error from the user model that quotes the key: through litellm, tau2's own log and the server's answer
+    answers = []
+    idx = server.ok("POST", "/create")
+    try:
+        server.ok("POST", "/reset", {"env_idx": idx, "session_id": "mock/create_task_1"}, timeout=60)
+        answers.append(server.call("POST", "/step", {"env_idx": idx, "action": f"{REFUSE} this"}, timeout=120))
+    finally:
+        server.call("POST", "/close", {"env_idx": idx})
+    status, body = answers[0]
+    assert status == 500 and "[redacted]" in body["detail"] and KEY not in body["detail"], body
+    assert user.requests[-1]["authorization"] == f"Bearer {KEY}"
+    output = full_log(server)
+    assert "Incorrect API key provided: Bearer [redacted]" in output and KEY not in output
+    assert " tau2 ERROR " in output and " tau2 INFO " in output  # tau2's own log is there, redacted too
+
+
+# ---- (4) the committed item-id files -----------------------------------------------------------------------------
+def test_item_id_files_equal_what_the_package_task_loader_gives(tmp_path):
+    out = subprocess.run([TAU2_PYTHON, os.path.join(ROOT, "scripts", "make_tau2_itemid.py"), "--from-package",
+                          "--split", "train", "test", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = sorted(os.listdir(tmp_path))
+    assert written == sorted(f"tau2_{d}_{s}.jsonl" for d in ("airline", "retail", "telecom")
+                             for s in ("train", "test"))
+    for name in written:
+        with open(tmp_path / name) as new, open(os.path.join(ROOT, "data", name)) as committed:
+            assert new.read() == committed.read(), name
