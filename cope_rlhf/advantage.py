@@ -22,7 +22,12 @@ warns about them when the filter below is off); the filter zeroes them.
 
 Degenerate-group filter: samples of groups with std_g r <= 1e-6 get action_mask, advantages and returns
 zeroed, so they leave the numerator and the denominator of the token-mean loss (advantages and returns in the
-experience maker, the action mask in the policy actor, after it has built their forecast samples). With
+experience maker, the action mask in the policy actor, after it has built their forecast samples). Unless fewer than
+max(2, 10% of the batch's groups) survive (upstream's rule): then the whole batch stays in the loss, the degenerate
+groups with advantages and returns zeroed (their exact GRPO advantage) and their action mask kept, so that one
+surviving group is averaged with the batch instead of taking a full optimizer step on its own (OpenRLHF normalizes
+the loss by the rows left in it: one group of 8 would weigh as much as a batch of 64;
+docs/results/quickstart_diagnosis.md point 35). With
 information gain on too, the filter removes only the extrinsic term of those groups: advantages and returns are
 zeroed (OpenRLHF's group_norm would leave rounding noise there, e.g. +-0.83 for eight equal rewards of 0.1), the
 action mask stays, and the info term, whose gate beta_g = w is fully open exactly there, is their whole advantage. (Zeroing the
@@ -68,23 +73,34 @@ def rounding_noise_frac(experiences: Sequence, n: int) -> float:
     return float(noisy.float().mean())
 
 
+def min_surviving_groups(groups: int) -> float:
+    """Fewer surviving groups than this and the filter keeps the whole batch: max(2, 10% of the groups)."""
+    return max(2.0, 0.1 * groups)
+
+
 @torch.no_grad()
 def filter_degenerate_groups(experiences: Sequence, n: int) -> Tuple[List[torch.Tensor], Dict[str, float]]:
-    """Zeroes advantages/returns (where set) of samples in groups with std <= 1e-6; returns which samples those are
-    (a bool per sample, split like the experiences) and ``cope/filtered_frac``. Their action mask is left to the
-    caller: without information gain the policy actor zeroes it (``zero_action_mask``) once it has built their
-    forecast samples; with it, it stays."""
-    drops, filtered, total = [], 0, 0
-    for e, std in zip(experiences, group_reward_std(experiences, n)):
-        drop = std <= DEGENERATE_STD
+    """Zeroes advantages/returns (where set) of samples in groups with std <= 1e-6; returns which samples leave the
+    loss (a bool per sample, split like the experiences: those samples, or none when fewer than
+    ``min_surviving_groups`` groups survive) and ``cope/filtered_frac`` (the share that leaves the loss),
+    ``cope/degenerate_frac`` (the share in degenerate groups) and ``cope/filter_kept_batch`` (1 when the batch was
+    kept whole). The action mask of the leaving samples is the caller's to zero: without information gain the policy
+    actor does (``zero_action_mask``) once it has built their forecast samples; with it, it stays."""
+    stds = group_reward_std(experiences, n)
+    degenerate = [std <= DEGENERATE_STD for std in stds]
+    flat = torch.cat(degenerate)
+    groups = flat.numel() // n
+    surviving = groups - int(flat.sum()) // n
+    kept_whole = surviving < min_surviving_groups(groups)
+    for e, drop in zip(experiences, degenerate):
         keep = (~drop).unsqueeze(1)
         for name in ("advantages", "returns"):
             if getattr(e, name) is not None:
                 setattr(e, name, getattr(e, name) * keep.to(getattr(e, name).dtype))
-        drops.append(drop)
-        filtered += int(drop.sum())
-        total += drop.numel()
-    return drops, {"cope/filtered_frac": filtered / max(total, 1)}
+    drops = [torch.zeros_like(d) for d in degenerate] if kept_whole else degenerate
+    degenerate_frac = float(flat.float().mean()) if flat.numel() else 0.0
+    return drops, {"cope/filtered_frac": 0.0 if kept_whole else degenerate_frac,
+                   "cope/degenerate_frac": degenerate_frac, "cope/filter_kept_batch": float(kept_whole)}
 
 
 def zero_action_mask(action_mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ its switch is on, in this order:
 2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups`` zeroes those groups'
    advantages and returns; without information gain it marks them (``info[FILTERED_KEY]``) and the policy actor
    zeroes their action mask after building their forecast samples (so that groups where every trajectory won still
-   teach the forecast); with information gain the mask stays (their whole advantage is the intrinsic term).
+   teach the forecast); with information gain the mask stays (their whole advantage is the intrinsic term). When
+   fewer than max(2, 10%) of the groups survive, it marks none: the batch stays whole (upstream's rule).
 3. information gain's gate (``INFO_INTRINSIC_WEIGHT > 0``): ``beta_g = w * exp(-sigma_g / T)`` per sample
    (``advantage.info_gates``, from the whole batch's group rewards) into ``info[INFO_BETA_KEY]``. The intrinsic
    reward itself and the term ``beta_g * Â_intr`` are the policy actor's (``CoPEActorPPOTrainer``): it computes the
@@ -17,13 +18,13 @@ its switch is on, in this order:
    and adds the term to their advantages before its update.
 
 Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/filtered_frac``,
-``cope/info_beta_mean``, ``cope/forecast_kept_frac``): OpenRLHF's actor averages every per-sample ``info`` tensor
+``cope/degenerate_frac``, ``cope/filter_kept_batch``, ``cope/info_beta_mean``, ``cope/forecast_kept_frac``): OpenRLHF's actor averages every per-sample ``info`` tensor
 into its status, which reaches TensorBoard. With every switch off this is exactly OpenRLHF's method; the one addition
 is a warning (``advantage.rounding_noise_frac``, once per run) when stock group_norm meets equal rewards that it
 turns into rounding-made advantages, pointing to ``--cope.grpo_filter_degenerate``. With the filter on (and
-information gain off), a warning when it has taken every group of ``ALL_FILTERED_WARN`` batches in a row (then every
-10th): such steps train nothing, and a policy that plays every prompt deterministically stays so
-(docs/results/quickstart_diagnosis.md point 33).
+information gain off), a warning when every group was degenerate in ``ALL_FILTERED_WARN`` batches in a row (then
+every 10th): such steps have no policy-gradient term, and a policy that plays every prompt deterministically stays
+so (docs/results/quickstart_diagnosis.md point 33).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         super().__init__(*args, **kwargs)
         self.cope = CoPEConfig.from_args(self.args)
         self.cope_rounding_warned = False
-        self.cope_all_filtered = 0  # batches in a row in which the filter took every group
+        self.cope_all_filtered = 0  # batches in a row in which every group was degenerate
         self.action_format = (load_action_format(self.args.train.agent_func_path)
                               if self.cope.action_forecast_enable else None)
 
@@ -81,15 +82,16 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
             if not self.cope.info_gain_enable:
                 for e, drop in zip(experiences, drops):
                     e.info[FILTERED_KEY] = drop
-                self.cope_all_filtered = self.cope_all_filtered + 1 if found["cope/filtered_frac"] == 1.0 else 0
+                self.cope_all_filtered = self.cope_all_filtered + 1 if found["cope/degenerate_frac"] == 1.0 else 0
                 if self.cope_all_filtered == ALL_FILTERED_WARN or (self.cope_all_filtered
                                                                    and self.cope_all_filtered % 10 == 0):
                     logger.warning(
                         "grpo_filter_degenerate: in the last %d batches every group's rewards were all equal, so "
-                        "those steps trained nothing (no policy-gradient, KL or TE term). The policy plays each "
-                        "prompt the same way every time and cannot leave that state by itself; see "
-                        "train/cope/filtered_frac. Lower --cope.te_lambda or --actor.adam.lr, or raise "
-                        "--rollout.n_samples_per_prompt or the sampling temperature.", self.cope_all_filtered)
+                        "those steps had no policy-gradient term (the filter keeps such a batch whole: only the KL, "
+                        "forecast and TE terms trained). The policy plays each prompt the same way every time and "
+                        "cannot leave that state by itself; see train/cope/degenerate_frac. Lower --cope.te_lambda "
+                        "or --actor.adam.lr, or raise --rollout.n_samples_per_prompt or the sampling temperature.",
+                        self.cope_all_filtered)
         if self.cope.info_gain_enable:
             betas = info_gates(experiences, n, self.cope.info_intrinsic_weight, self.cope.info_gate_temp)
             for e, beta in zip(experiences, betas):

@@ -24,7 +24,8 @@ from openrlhf.utils.config import hierarchize
 from cope_rlhf import actor as actor_module
 from cope_rlhf.actor import (FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY, SIGNALS_KEY, UPDATES_STATE, CoPEActorMethods,
                              CoPEActorPPOTrainer, CoPEPolicyModelActor)
-from cope_rlhf.advantage import filter_degenerate_groups, info_gates, zero_action_mask
+from cope_rlhf.advantage import (DEGENERATE_STD, filter_degenerate_groups, group_reward_std, info_gates,
+                                 zero_action_mask)
 from cope_rlhf.cli.train_ppo_ray import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import unpadded_trajectories
@@ -429,9 +430,17 @@ def mixed_batch(tok, model_dir, rewards):
     return grpo_batch(tok, model_dir, rewards, episode_of=lambda i: i % len(EPISODES))
 
 
+def degenerate_rows(experience) -> list:
+    """The filter on ``experience`` (advantages of degenerate groups zeroed) and its rows of degenerate groups as
+    the rows that leave the loss: these two-group batches are below the filter's keep-the-batch rule (max(2, 10%)
+    groups must survive), which tests/test_advantage.py pins; here, what happens to rows that do leave."""
+    filter_degenerate_groups([experience], N)
+    return [std <= DEGENERATE_STD for std in group_reward_std([experience], N)]
+
+
 def filtered(tok, model_dir, rewards):
     experience = mixed_batch(tok, model_dir, rewards)
-    drops, _ = filter_degenerate_groups([experience], N)
+    drops = degenerate_rows(experience)
     experience.action_mask = zero_action_mask(experience.action_mask, drops[0])  # the policy actor's part, on append
     return experience
 
@@ -484,7 +493,7 @@ def test_filter_takes_rows_out_of_the_te_term(rewards, tok, model_dir, monkeypat
     """A row of a degenerate group leaves TE's term too (not only PPO's): it gets no TE members, so with every
     group degenerate TE (lambda 1, no warm-up, every trajectory drawn) changes no weight; kept rows keep theirs."""
     experience = mixed_batch(tok, model_dir, rewards)
-    drops, _ = filter_degenerate_groups([experience], N)
+    drops = degenerate_rows(experience)
     experience.info[FILTERED_KEY] = drops[0]  # the maker's mark; append zeroes the rows' action masks
     args = cli_args("--cope.grpo_filter_degenerate", "--cope.te_enable", "--cope.te_lambda", "1.0",
                     "--cope.te_warmup_steps", "0", "--train.micro_batch_size", "2")

@@ -38,14 +38,54 @@ def test_grpo_hand_computed():
 
 
 def test_filter_hand_computed():
+    """hand_batch plus a third group (positions 4, 5: rewards 1, 0): two of three groups survive, so the degenerate
+    one (positions 1, 3) leaves the loss."""
     batch = hand_batch()
+    third = Experience(action_mask=torch.ones(2, 4, dtype=torch.long), rewards=torch.tensor([1.0, 0.0]),
+                       kl=torch.zeros(2, 4))
+    third.index = [4, 5]
+    batch.append(third)
     stock_grpo(batch, n=2)
     drops, metrics = filter_degenerate_groups(batch, 2)
-    assert metrics == {"cope/filtered_frac": 0.5} and [d.tolist() for d in drops] == [[True, False], [False, True]]
+    assert metrics == {"cope/filtered_frac": pytest.approx(1 / 3), "cope/degenerate_frac": pytest.approx(1 / 3),
+                       "cope/filter_kept_batch": 0.0}
+    assert [d.tolist() for d in drops] == [[True, False], [False, True], [False, False]]
     # the action mask is the policy actor's to zero (after it has built the forecast samples): zero_action_mask
     masks = [zero_action_mask(e.action_mask, d) for e, d in zip(batch, drops)]
     assert masks[0].tolist() == [[0, 0, 0, 0], [1, 1, 0, 0]]
     assert masks[1].tolist() == [[1, 1, 0, 0], [0, 0, 0, 0]]
+    assert masks[2].tolist() == [[1, 1, 1, 1], [1, 1, 1, 1]]
+
+
+def test_with_one_surviving_group_the_filter_keeps_the_batch_whole():
+    """hand_batch: one of two groups survives, fewer than max(2, 10%): no sample leaves the loss (the survivor is
+    averaged with the batch instead of taking a full step alone), and the degenerate group's advantages are still
+    zeroed (its exact GRPO advantage)."""
+    batch = hand_batch()
+    stock_grpo(batch, n=2)
+    drops, metrics = filter_degenerate_groups(batch, 2)
+    assert metrics == {"cope/filtered_frac": 0.0, "cope/degenerate_frac": 0.5, "cope/filter_kept_batch": 1.0}
+    assert [d.tolist() for d in drops] == [[False, False], [False, False]]
+    assert not batch[0].advantages[0].any() and not batch[1].advantages[1].any()
+    assert batch[0].advantages[1].abs().sum() > 0 and batch[1].advantages[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("groups,surviving,kept_whole", [(8, 0, True), (8, 1, True), (8, 2, False), (8, 8, False),
+                                                         (30, 2, True), (30, 3, False), (64, 6, True), (64, 7, False)])
+def test_the_filter_keeps_the_whole_batch_when_fewer_than_max_2_or_10_percent_of_the_groups_survive(
+        groups, surviving, kept_whole):
+    n = 4
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0] if g < surviving else [1.0] * n for g in range(groups)]).reshape(-1)
+    batch = [Experience(action_mask=torch.ones(groups * n, 2, dtype=torch.long), rewards=rewards,
+                        kl=torch.zeros(groups * n, 2))]
+    batch[0].index = list(range(groups * n))
+    stock_grpo(batch, n=n)
+    drops, metrics = filter_degenerate_groups(batch, n)
+    degenerate = (groups - surviving) / groups
+    assert metrics == {"cope/filtered_frac": pytest.approx(0.0 if kept_whole else degenerate),
+                       "cope/degenerate_frac": pytest.approx(degenerate), "cope/filter_kept_batch": float(kept_whole)}
+    assert int(drops[0].sum()) == (0 if kept_whole else (groups - surviving) * n)
+    assert not batch[0].advantages[surviving * n:].any()  # degenerate groups: advantage 0 either way
 
 
 def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_and_the_filter_removes_it():
@@ -62,8 +102,8 @@ def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_an
         assert torch.allclose(batch[0].advantages, torch.full((8, 3), sign * 0.93), atol=0.01)  # not 0
         assert rounding_noise_frac(batch, 8) == 1.0
         drops, metrics = filter_degenerate_groups(batch, 8)
-        assert metrics == {"cope/filtered_frac": 1.0} and bool(drops[0].all())
-        assert not batch[0].advantages.any()
+        assert metrics["cope/degenerate_frac"] == 1.0 and not batch[0].advantages.any()
+        assert metrics["cope/filter_kept_batch"] == 1.0 and not drops[0].any()  # no group survives: the batch stays
 
 
 def test_rounding_noise_frac_counts_only_equal_groups_with_an_inexact_mean():
@@ -82,7 +122,7 @@ def test_filter_with_info_gain_removes_the_extrinsic_term_only():
     stock_grpo(batch, n=2, kl_coef=0.1)
     assert batch[0].advantages[0].abs().sum() > 0  # position 2: degenerate group 1, KL only
     masks = [e.action_mask.clone() for e in batch]
-    assert filter_degenerate_groups(batch, 2)[1] == {"cope/filtered_frac": 0.5}
+    assert filter_degenerate_groups(batch, 2)[1]["cope/degenerate_frac"] == 0.5
     assert [e.action_mask.tolist() for e in batch] == [m.tolist() for m in masks]  # the maker leaves the masks
     assert not batch[0].advantages[0].any() and not batch[1].advantages[1].any() and not batch[0].returns[0].any()
     assert batch[0].advantages[1].abs().sum() > 0  # the mixed group keeps its GRPO advantage
@@ -132,17 +172,17 @@ AT_THRESHOLD = 1.4142135569272796e-06
 
 def test_the_filter_drops_groups_up_to_a_std_of_1e_6_and_keeps_the_rest():
     """The threshold is std_g r <= 1e-6 (unbiased std of the group's rewards): [0, 1e-6] has std 7.1e-7 and goes,
-    [0, AT_THRESHOLD] has std 1e-6 and goes, [0, 2e-6] has std 1.4e-6 and stays. ``rounding_noise_frac`` counts a
-    group with the same bound."""
-    rewards = torch.tensor([0.0, 1e-6, 0.0, AT_THRESHOLD, 0.0, 2e-6])
+    [0, AT_THRESHOLD] has std 1e-6 and goes, [0, 2e-6] has std 1.4e-6 and stays, as does [0, 1]. ``rounding_noise_frac``
+    counts a group with the same bound."""
+    rewards = torch.tensor([0.0, 1e-6, 0.0, AT_THRESHOLD, 0.0, 2e-6, 0.0, 1.0])
     assert float(rewards[2:4].std()) == float(torch.tensor(1e-6))
-    batch = [Experience(action_mask=torch.ones(6, 2, dtype=torch.long), rewards=rewards, kl=torch.zeros(6, 2))]
-    batch[0].index = list(range(6))
-    assert rounding_noise_frac(batch, 2) == pytest.approx(2 / 3)  # the first two: equal within 1e-6, not to the mean
+    batch = [Experience(action_mask=torch.ones(8, 2, dtype=torch.long), rewards=rewards, kl=torch.zeros(8, 2))]
+    batch[0].index = list(range(8))
+    assert rounding_noise_frac(batch, 2) == pytest.approx(2 / 4)  # the first two: equal within 1e-6, not to the mean
     stock_grpo(batch, n=2)
     drops, metrics = filter_degenerate_groups(batch, 2)
-    assert drops[0].tolist() == [True] * 4 + [False] * 2 and metrics == {"cope/filtered_frac": pytest.approx(2 / 3)}
-    assert batch[0].advantages[4:].abs().sum() > 0 and batch[0].advantages[:4].abs().sum() == 0
+    assert drops[0].tolist() == [True] * 4 + [False] * 4 and metrics["cope/filtered_frac"] == pytest.approx(0.5)
+    assert batch[0].advantages[4:6].abs().sum() > 0 and batch[0].advantages[:4].abs().sum() == 0
 
 
 def test_advantage_edits_build_no_autograd_graph():
