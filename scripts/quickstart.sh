@@ -18,7 +18,8 @@
 #    x 8 episodes, 2 updates a step (micro-batches of 8), advantages normalised within each item's group (group_norm) with CoPE's
 #    degenerate-group filter on (groups whose eight rewards are equal train nothing: OpenRLHF's group_norm would
 #    hand each of them one shared advantage of up to +-60 made of float rounding, since BabyAI's wins pay
-#    1 - 0.9 * steps / max_steps),
+#    1 - 0.9 * steps / max_steps; they leave the loss unless fewer than two of the eight groups survive, and then
+#    the batch stays whole, so that one group does not take a full update alone),
 #    each episode's loss the mean over its own tokens (seq-mean-token-mean), KL loss 0.01 to the warm start,
 #    learning rate 3e-4 after a warm-up, held constant (cosine decay: +0.165 where constant gave +0.307);
 #    held-out evaluation at temperature 1 (2 episodes per item) before training and every 10 steps
