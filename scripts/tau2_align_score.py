@@ -8,6 +8,8 @@ Reads ``<results-dir>/<TAG>_<domain>.json`` (τ²'s Results: ``info.num_trials``
 to score a domain whose run is incomplete: every task of the split (data/tau2_<domain>_<split>.jsonl) must have
 trials 0 … k−1, and no simulation may belong to another split; a partial run is biased toward short tasks.
 A simulation without a reward (crashed, timed out) counts as reward 0, as docs/TAU2_GRPO.md rule 4 says.
+A domain or split without a committed item-id file (τ²'s ``mock`` test domain, its ``base`` split) is checked
+against the task list τ² itself saved in the Results (``tasks[].id``) and has no published row.
 Success: |reward − 1| ≤ 1e-6. Metrics: Avg@k and pass^1..k (scripts/agent_metrics.py). The published rows
 (docs/BASELINES.md, Avg@4 in %, gpt-4o-mini user) are compared only when the run used that user model, 4 trials
 and commit c5b2d22; otherwise the table says why the numbers are not comparable.
@@ -27,6 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from agent_metrics import avg_at_k, pass_hat_k  # noqa: E402
 
 DOMAINS = ("airline", "retail", "telecom")
+SCORABLE = DOMAINS + ("mock",)  # mock: τ²'s own small test domain, for tests of the evaluation path
 PINNED_COMMIT = "c5b2d22"
 PUBLISHED_USER = "gpt-4o-mini"
 PUBLISHED_AVG4 = {  # Avg@4 (%), gpt-4o-mini user: airline, retail, telecom
@@ -38,8 +41,14 @@ class IncompleteRun(ValueError):
     pass
 
 
-def split_task_ids(domain: str, split: str) -> list[str]:
+def split_task_ids(domain: str, split: str, results: dict | None = None) -> list[str]:
+    """The split's task ids: the committed item-id file, or where there is none, the tasks τ² saved in ``results``."""
     path = os.path.join(ROOT, "data", f"tau2_{domain}_{split}.jsonl")
+    if not os.path.exists(path) and results is not None:
+        ids = [str(t["id"]) for t in results.get("tasks") or []]
+        if not ids:
+            raise IncompleteRun(f"{domain}: no item-id file {path} and no task list in the results")
+        return ids
     with open(path, encoding="utf-8") as f:
         return [json.loads(line)["label"].split("/", 1)[1] for line in f if line.strip()]
 
@@ -85,6 +94,8 @@ def comparability(results: dict, trials: int) -> str:
     info = results.get("info", {})
     user = str((info.get("user_info") or {}).get("llm", ""))
     reasons = []
+    if info.get("environment_info", {}).get("domain_name", "") not in DOMAINS + ("",):
+        reasons.append("no published number for this domain")
     if PUBLISHED_USER not in user:
         reasons.append(f"user model {user or '?'} is not {PUBLISHED_USER}")
     if trials != 4:
@@ -98,8 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tag", required=True)
     p.add_argument("--results-dir", default=os.path.join(ROOT, "runs", "tau2"))
-    p.add_argument("--domains", nargs="+", default=list(DOMAINS), choices=DOMAINS)
-    p.add_argument("--split", default="test", choices=("train", "test"))
+    p.add_argument("--domains", nargs="+", default=list(DOMAINS), choices=SCORABLE)
+    p.add_argument("--split", default="test", help="train or test (the committed splits); others read τ²'s task list")
     p.add_argument("--trials", type=int, default=4)
     p.add_argument("--out", help="write the scores as JSON")
     args = p.parse_args(argv)
@@ -112,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
             declared = (results.get("info") or {}).get("num_trials")
             if declared is not None and declared < args.trials:
                 raise IncompleteRun(f"{domain}: the run declares {declared} trials; --trials {args.trials} needs more")
-            score = score_domain(results, split_task_ids(domain, args.split), args.trials, domain)
+            score = score_domain(results, split_task_ids(domain, args.split, results), args.trials, domain)
         except IncompleteRun as e:
             problems.append(str(e))
             continue
@@ -126,11 +137,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'domain':10}{'ours':>8}" + "".join(f"{name:>15}" for name in PUBLISHED_AVG4) + "  " +
           " ".join(f"pass^{j}" for j in range(1, k + 1)))
     for domain, score in scores.items():
-        column = DOMAINS.index(domain)
         ours = 100 * score[f"avg@{k}"]
-        if score["not_comparable"]:
+        if score["not_comparable"] or domain not in DOMAINS:
             published = "".join(f"{'n/a':>15}" for _ in PUBLISHED_AVG4)
         else:
+            column = DOMAINS.index(domain)
             published = "".join(f"{row[column]:.1f} ({ours - row[column]:+.1f})".rjust(15)
                                 for row in PUBLISHED_AVG4.values())
         passes = " ".join(f"{score[f'pass^{j}']:6.3f}" for j in range(1, k + 1))
