@@ -513,6 +513,9 @@ def test_a_client_gone_mid_body_is_not_an_internal_error():
                           for f in text_string_to_metric_families(gw.metrics.render().decode())
                           for s in f.samples if s.name == "cope_gateway_errors_total"}
             assert errors == {"client_disconnected": 1.0}  # was: {"internal": 1.0}, with a traceback in the log
+            codes = {s.labels["code"] for f in text_string_to_metric_families(gw.metrics.render().decode())
+                     for s in f.samples if s.name == "cope_gateway_requests_total"}
+            assert codes == {"400"}  # the client's fault, counted as such
     run(main())
 
 
