@@ -15,7 +15,6 @@ Skips, with the reason, only where the tau2-bench checkout or .venvs/tau2 is abs
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shlex
@@ -23,15 +22,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 from aiohttp import web
 
 from tests.conftest import ROOT
 from tests.env_server_proc import venv_python
+from tests.threaded_app import ThreadedApp
 
 TAU2_BENCH = os.environ.get("TAU2_BENCH_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "tau2-bench-c5b2d22")
 TAU2_PYTHON = venv_python("tau2")
@@ -47,7 +46,7 @@ needs_tau2 = [
 ]
 
 
-class StandInModels:
+class StandInModels(ThreadedApp):
     """A scripted STAND-IN for two models behind one OpenAI-compatible ``POST /v1/chat/completions`` on 127.0.0.1
     (its own thread and event loop), told apart by the request's ``model``:
 
@@ -60,12 +59,8 @@ class StandInModels:
     It records the model and the Authorization header of every request."""
 
     def __init__(self, port: int = 0) -> None:
+        super().__init__(port)
         self.requests: list[dict] = []
-        self.url = ""
-        self.port = port
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="stand-in-models", daemon=True)
 
     @staticmethod
     def user_text(messages: list[dict]) -> str:
@@ -107,28 +102,9 @@ class StandInModels:
                                          "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-    async def _start(self) -> str:
-        app = web.Application()
-        app.add_routes([web.post("/v1/chat/completions", self.completions),
-                        web.get("/v1/models", lambda _: web.json_response({"data": [{"id": "policy"}]}))])
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    def __enter__(self) -> "StandInModels":
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            if self._runner is not None:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+    def routes(self) -> list:
+        return [web.post("/v1/chat/completions", self.completions),
+                web.get("/v1/models", lambda _: web.json_response({"data": [{"id": "policy"}]}))]
 
 
 FAKE_VLLM = """#!{python}

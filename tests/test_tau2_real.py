@@ -27,9 +27,8 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import time
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 from aiohttp import web
@@ -37,6 +36,7 @@ from aiohttp import web
 from env_gateway.servers.process import log_text
 from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode
 from tests.env_server_proc import ROOT, EnvServerProcess, venv_python
+from tests.threaded_app import ThreadedApp
 from tests.tiny_hf import tiny_tokenizer
 
 TAU2_BENCH = os.environ.get("TAU2_BENCH_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "tau2-bench-c5b2d22")
@@ -56,7 +56,7 @@ STOP_WORD = "goodbye"  # the stand-in user ends the conversation when the agent 
 REFUSE = "REFUSE"  # the stand-in user model answers 401, quoting the key, when the agent's message holds it
 
 
-class StandInUser:
+class StandInUser(ThreadedApp):
     """A scripted STAND-IN for the user simulator's LLM, not a model: an OpenAI-compatible ``POST
     /v1/chat/completions`` on 127.0.0.1, in its own thread and event loop, that τ²'s ``UserSimulator`` calls through
     litellm. Its first answer in a conversation (only τ²'s greeting so far) asks for help; later answers end the
@@ -66,11 +66,8 @@ class StandInUser:
     request."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[dict] = []
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="stand-in-user", daemon=True)
 
     def answer(self, messages: list[dict]) -> str:
         said = [m for m in messages if m.get("role") != "system"]  # τ² flips roles: the agent's turns are "user"
@@ -95,27 +92,8 @@ class StandInUser:
                                                     "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-    async def _start(self) -> str:
-        app = web.Application()
-        app.add_routes([web.post("/v1/chat/completions", self.completions)])
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    def __enter__(self) -> "StandInUser":
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            if self._runner is not None:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+    def routes(self) -> list:
+        return [web.post("/v1/chat/completions", self.completions)]
 
 
 def tasks(domain: str) -> dict[str, dict]:
