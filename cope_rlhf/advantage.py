@@ -73,25 +73,18 @@ def rounding_noise_frac(experiences: Sequence, n: int) -> float:
     return float(noisy.float().mean())
 
 
-def min_surviving_groups(groups: int) -> float:
-    """Fewer surviving groups than this and the filter keeps the whole batch: max(2, 10% of the groups)."""
-    return max(2.0, 0.1 * groups)
-
-
 @torch.no_grad()
 def filter_degenerate_groups(experiences: Sequence, n: int) -> Tuple[List[torch.Tensor], Dict[str, float]]:
     """Zeroes advantages/returns (where set) of samples in groups with std <= 1e-6; returns which samples leave the
-    loss (a bool per sample, split like the experiences: those samples, or none when fewer than
-    ``min_surviving_groups`` groups survive) and ``cope/filtered_frac`` (the share that leaves the loss),
+    loss (a bool per sample, split like the experiences: those samples, or none when fewer than max(2, 10%) of the
+    groups survive) and ``cope/filtered_frac`` (the share that leaves the loss),
     ``cope/degenerate_frac`` (the share in degenerate groups) and ``cope/filter_kept_batch`` (1 when the batch was
     kept whole). The action mask of the leaving samples is the caller's to zero: without information gain the policy
     actor does (``zero_action_mask``) once it has built their forecast samples; with it, it stays."""
-    stds = group_reward_std(experiences, n)
-    degenerate = [std <= DEGENERATE_STD for std in stds]
+    degenerate = [std <= DEGENERATE_STD for std in group_reward_std(experiences, n)]
     flat = torch.cat(degenerate)
     groups = flat.numel() // n
-    surviving = groups - int(flat.sum()) // n
-    kept_whole = surviving < min_surviving_groups(groups)
+    kept_whole = groups - int(flat.sum()) // n < max(2.0, 0.1 * groups)  # surviving groups below upstream's floor
     for e, drop in zip(experiences, degenerate):
         keep = (~drop).unsqueeze(1)
         for name in ("advantages", "returns"):

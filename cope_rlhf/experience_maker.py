@@ -18,13 +18,13 @@ its switch is on, in this order:
    and adds the term to their advantages before its update.
 
 Metrics are batch scalars broadcast to per-sample tensors in ``info`` (``cope/filtered_frac``,
-``cope/degenerate_frac``, ``cope/filter_kept_batch``, ``cope/info_beta_mean``, ``cope/forecast_kept_frac``): OpenRLHF's actor averages every per-sample ``info`` tensor
-into its status, which reaches TensorBoard. With every switch off this is exactly OpenRLHF's method; the one addition
-is a warning (``advantage.rounding_noise_frac``, once per run) when stock group_norm meets equal rewards that it
-turns into rounding-made advantages, pointing to ``--cope.grpo_filter_degenerate``. With the filter on (and
-information gain off), a warning when every group was degenerate in ``ALL_FILTERED_WARN`` batches in a row (then
-every 10th): such steps have no policy-gradient term, and a policy that plays every prompt deterministically stays
-so (docs/results/quickstart_diagnosis.md point 33).
+``cope/degenerate_frac``, ``cope/filter_kept_batch``, ``cope/info_beta_mean``, ``cope/forecast_kept_frac``):
+OpenRLHF's actor averages every per-sample ``info`` tensor into its status, which reaches TensorBoard. With every
+switch off this is exactly OpenRLHF's method; the one addition is a warning (``advantage.rounding_noise_frac``, once
+per run) when stock group_norm meets equal rewards that it turns into rounding-made advantages, pointing to
+``--cope.grpo_filter_degenerate``. With the filter on (and information gain off), a warning when every group was
+degenerate in ``ALL_FILTERED_WARN`` batches in a row (then every 10th): such steps have no policy-gradient term, and
+a policy that plays every prompt deterministically stays so (docs/results/quickstart_diagnosis.md point 33).
 """
 
 from __future__ import annotations
