@@ -1,10 +1,12 @@
 """τ²-bench agent func (env_gateway/servers/tau2.py behind the gateway's ``tau2`` adapter):
 ``--train.agent_func_path agent_funcs/tau2.py``.
 
-Item ids are ``<domain>/<task_id>`` (data/tau2_<domain>_<split>.jsonl). The first prompt is the domain policy as
-the system message and the simulated user's first message, with the domain's tools given to the chat template
-(``tools=``, so a Qwen-style template writes them in its own Hermes tool section); a template without tool support
-gets them as JSON in the system message instead. Each reply is the action, as the model wrote it: a message to the
+Item ids are ``<domain>/<task_id>`` (data/tau2_<domain>_<split>.jsonl). The first prompt is a system message and
+the simulated user's first message, with the domain's tools given to the chat template (``tools=``, so a Qwen-style
+template writes them in its own Hermes tool section); a template without tool support gets them as JSON in the
+system message instead. The system message is this func's instruction above the domain policy, unless the server
+runs with ``--agent-prompt tau2``: then it is τ²'s own default agent prompt (the server's ``system_prompt``), and
+τ²'s greeting sits between it and the user's message as the agent's first turn, as ``tau2 run`` prompts a model. Each reply is the action, as the model wrote it: a message to the
 user, or one or more ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (the server parses them;
 ``done`` ends the conversation). An empty reply is an invalid action. Reward: the server's (τ²'s own reward,
 or its dense variant with ``--reward-shape dense``), passed through; success = reward within 1e-6 of 1.
@@ -65,8 +67,12 @@ class Tau2Agent(GatewayAgent):
 
     def first_prompt(self, observation: str, info: dict) -> str:
         tok, tools = self.episode.tokenizer, info.get("tools") or []
-        system = f"{self.instruction}\n\n# Policy\n{info.get('policy', '')}"
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": observation}]
+        if info.get("system_prompt"):  # --agent-prompt tau2: τ²'s default agent, word for word
+            system = info["system_prompt"]
+            opening = [{"role": "assistant", "content": info["greeting"]}] if info.get("greeting") else []
+        else:
+            system, opening = f"{self.instruction}\n\n# Policy\n{info.get('policy', '')}", []
+        messages = [{"role": "system", "content": system}, *opening, {"role": "user", "content": observation}]
         text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
         names = [t.get("function", t).get("name", "") for t in tools]
         if names and names[0] not in text:  # the template ignores tools=: list them ourselves

@@ -40,6 +40,8 @@ refuse() { echo "launch_tau2_infopo_aligned: error: $*" >&2; exit 2; }
 : "${PROMPT_MAX_LEN:=8192}"      # the first prompt (telecom's policy alone is about 6,200 tokens)
 : "${TAU2_MAX_STEPS:=200}"       # τ²'s orchestrator step cap, as its evaluation counts it
 : "${TAU2_REWARD_SHAPE:=binary}" # τ²'s own success, 1 or 0
+: "${TAU2_AGENT_PROMPT:=tau2}"   # τ²'s default agent prompt and tools, as `tau2 run` evaluates the model (the server's
+                                 # --agent-prompt; "project": agent_funcs/tau2.py's own instruction and a done tool)
 : "${TAU2_USER_MODEL:=openai/gpt-4o-mini-2024-07-18}"  # the user model of the published numbers ...
 : "${TAU2_USER_BASE_URL:=https://api.openai.com/v1}"    # ... from its provider
 : "${TAU2_USER_TEMPERATURE:=0}"  # ... at temperature 0
@@ -100,18 +102,18 @@ case "$TAU2_USER_BASE_URL" in
     http://127.0.0.1* | http://localhost* | http://0.0.0.0*)
         deviations+=("a local user model at $TAU2_USER_BASE_URL (published: gpt-4o-mini from OpenAI)") ;;
 esac
+[ "$TAU2_AGENT_PROMPT" = tau2 ] ||
+    deviations+=("agent prompt '$TAU2_AGENT_PROMPT' (published: tau2's default agent prompt, TAU2_AGENT_PROMPT=tau2)")
 for d in "${deviations[@]}"; do note "deviation from the published recipe: $d"; done
-if [ "${1:-}" != stop ]; then
-    note "not aligned yet: the agent's system prompt is agent_funcs/tau2.py's own, not tau2's default agent prompt" \
-        "(the project has no switch for it yet; docs/TAU2_GRPO.md)"
-fi
 
 # ---- hand over to the tmux launcher ------------------------------------------------------------------------------
 # The τ² server: binary reward, τ²'s evaluation with every basis of the task's reward basis (EvaluationType.ALL, the
-# server's only mode), its step cap, the user model at temperature 0. TAU2_SERVER_ARGS adds more server flags.
+# server's only mode), its step cap, τ²'s default agent prompt, the user model at temperature 0. TAU2_SERVER_ARGS adds
+# more server flags.
 if [ -z "${ENV_SERVER_URLS:-}" ] && [ -z "${ENV_SERVER_ARGS:-}" ]; then
     ENV_SERVER_ARGS="--user-model $TAU2_USER_MODEL --user-base-url $TAU2_USER_BASE_URL --reward-shape \
-$TAU2_REWARD_SHAPE --max-steps $TAU2_MAX_STEPS --user-temperature $TAU2_USER_TEMPERATURE ${TAU2_SERVER_ARGS:-}"
+$TAU2_REWARD_SHAPE --max-steps $TAU2_MAX_STEPS --agent-prompt $TAU2_AGENT_PROMPT --user-temperature \
+$TAU2_USER_TEMPERATURE ${TAU2_SERVER_ARGS:-}"
 fi
 EXTRA_ARGS="--actor.entropy_coef $ENTROPY_COEF ${EXTRA_ARGS:-}"
 export RUN_NAME PROMPT_DATA ROLLOUT_BATCH_SIZE N_SAMPLES_PER_PROMPT TRAIN_BATCH_SIZE MICRO_TRAIN_BATCH_SIZE LR KL_COEF \

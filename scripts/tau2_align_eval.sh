@@ -282,6 +282,10 @@ for domain in "${domains[@]}"; do
     say "$domain: tau2 run (log: $save.log)"
     status=0
     (cd "$run_dir" && OPENAI_API_KEY="$user_key" "${cmd[@]}" <"$answer" 2>&1) | redact "$save.log" || status=$?
+    if [ "$status" != 0 ] && grep -q "AssistantMessage must have either content or tool calls" "$save.log"; then
+        die "$domain: \`tau2 run\` failed (exit $status; log: $save.log): the policy answered a turn with an empty" \
+            "message, and tau2 at c5b2d22 then stops the whole domain, with no simulation saved (docs/TAU2_GRPO.md, \"Traps\")"
+    fi
     [ "$status" = 0 ] || die "$domain: \`tau2 run\` failed (exit $status; log: $save.log)"
 done
 

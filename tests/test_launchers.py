@@ -220,13 +220,16 @@ def test_eval_script_dry_run_parses_with_the_eval_parser(script):
     assert int(dict(w.split("=", 1) for w in words[:at - 1])["MAX_TURNS"]) > 0
 
 
-def test_tau2_eval_runs_tau2s_own_cli_then_the_scorer():
-    out = dry_run("examples/eval/tau2_eval.sh", TAG="t1").splitlines()
+def test_tau2_eval_is_the_aligned_eval_tau2s_own_cli_then_the_scorer():
+    out = dry_run("examples/eval/tau2_eval.sh", TAG="t1", CKPT="runs/x/model").splitlines()
+    served = shlex.split(out[0])
+    assert served[:3] == ["vllm", "serve", "runs/x/model"] and "hermes" in served  # CKPT is the policy served
     runs = [shlex.split(line) for line in out if " run --domain " in line]
     assert [w[w.index("--domain") + 1] for w in runs] == ["airline", "retail", "telecom"]
     for words in runs:
         assert words[words.index("--num-trials") + 1] == "4" and words[words.index("--task-split-name") + 1] == "test"
-        assert words[words.index("--save-to") + 1].startswith("t1_")
+        assert words[words.index("--max-steps") + 1] == "200"  # the published step cap
+        assert words[words.index("--save-to") + 1].startswith(os.path.join(ROOT, "runs", "tau2", "t1_"))
     assert "scripts/tau2_align_score.py --tag t1" in out[-1]
 
 

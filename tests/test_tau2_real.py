@@ -61,12 +61,14 @@ class StandInUser(ThreadedApp):
     /v1/chat/completions`` on 127.0.0.1, in its own thread and event loop, that τ²'s ``UserSimulator`` calls through
     litellm. Its first answer in a conversation (only τ²'s greeting so far) asks for help; later answers end the
     conversation with τ²'s stop marker ``###STOP###`` when the agent's last message contains "goodbye", and ask the
-    agent to go on otherwise. An agent message holding ``REFUSE`` gets an HTTP 401 whose error quotes the
-    Authorization header back, as some providers do. It records the model and the Authorization header of every
-    request."""
+    agent to go on otherwise; with ``patience`` set, it also ends the conversation once the agent has sent that many
+    messages after the greeting, whatever they say. An agent message holding ``REFUSE`` gets an HTTP 401 whose error
+    quotes the Authorization header back, as some providers do. It records the model and the Authorization header of
+    every request."""
 
-    def __init__(self) -> None:
+    def __init__(self, patience: int | None = None) -> None:
         super().__init__()
+        self.patience = patience
         self.requests: list[dict] = []
 
     def answer(self, messages: list[dict]) -> str:
@@ -74,7 +76,9 @@ class StandInUser(ThreadedApp):
         if len(said) <= 1:
             return "Hi, I need help with my request."
         last = said[-1].get("content") or ""
-        return "Thank you, that is all. ###STOP###" if STOP_WORD in last.lower() else "Please go on."
+        agent_messages = sum(m.get("role") == "user" for m in said) - 1  # after the greeting
+        hang_up = self.patience is not None and agent_messages >= self.patience
+        return "Thank you, that is all. ###STOP###" if hang_up or STOP_WORD in last.lower() else "Please go on."
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -299,6 +303,41 @@ def test_bare_tool_call_tags_get_the_promised_observation_and_the_caps_end_the_e
     assert [a["done"] for a in loop[1:]] == [False] * 5 + [True] and loop[-1]["reward"] == 0.0
     assert "Please go on." in loop[1]["state"] and "step limit (12)" in loop[-1]["state"]
     assert KEY not in output
+
+
+# ---- scripts/eval.py on τ²'s own rewards -------------------------------------------------------------------------
+def test_eval_scores_a_tiny_checkpoint_with_taus_own_evaluator(tau2_data, key_file, agent_env, tmp_path):
+    """``scripts/eval.py --env tau2`` end to end: a tiny random checkpoint (it talks; it never calls a tool) through
+    the gateway and the real server; the stand-in user hangs up after the agent's first message; τ²'s evaluator
+    scores what happened. create_task_1_nl_eval asks for no change to the DB (its reward basis is DB and
+    COMMUNICATE, with nothing to communicate): reward 1. create_task_1 needs a task created: reward 0."""
+    from tests.agent_funcs_stack import TEST_GATEWAY_FLAGS
+    from tests.gateway_proc import GatewayProcess
+    from tests.test_eval import load_script
+    from tests.tiny_hf import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    items = ["mock/create_task_1", "mock/create_task_1_nl_eval"]
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"prompt": f"tau2/{i}", "label": i}) + "\n"
+                                                  for i in items))
+    agent_env.setenv("MAX_TURNS", "4")
+    with StandInUser(patience=1) as hasty, tau2_server(hasty, key_file) as server, \
+            GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"tau2": server.url}) as gateway:
+        agent_env.setenv("COPE_GATEWAY_URL", gateway.url)  # main() sets it; monkeypatch puts the old value back
+        report = load_script("eval").main([
+            "--env", "tau2", "--model", str(tmp_path / "ckpt"), "--items", str(tmp_path / "items.jsonl"), "--k",
+            "2", "--engine", "hf", "--gateway", gateway.url, "--max-new-tokens", "12", "--max-length", "16384",
+            "--out", str(tmp_path / "out" / "tau2.json")])
+        logged = full_log(server)
+    assert report["episodes"] == 4 and report["env_failures"] == 0
+    assert {row["item_id"]: row["rewards"] for row in report["per_item"]} == {
+        "mock/create_task_1": [0.0, 0.0], "mock/create_task_1_nl_eval": [1.0, 1.0]}, logged[-3000:]
+    assert report["metrics"]["success_rate"] == 0.5 and report["metrics"]["pass^2"] == 0.5
+    assert logged.count("done, tau2 reward 1.000") == 2 and logged.count("done, tau2 reward 0.000") == 2
 
 
 # ---- the key: to the user model, never to the log ----------------------------------------------------------------

@@ -9,23 +9,33 @@ Protocol (the gateway's ``tau2`` adapter speaks it):
     POST /create                       -> env_idx (a bare int)
     POST /reset {env_idx, session_id}  session_id = "<domain>/<task_id>" (retail, airline, telecom; mock: τ²'s test
                                        domain) -> {state: the user's first message, policy, tools (OpenAI schemas),
-                                       domain, task_id}; 404 for a task id the domain lacks, 422 for a task that
-                                       starts mid-conversation (initial_state.message_history: two mock tasks)
+                                       system_prompt, greeting, domain, task_id}; 404 for a task id the domain lacks,
+                                       422 for a task that starts mid-conversation (initial_state.message_history:
+                                       two mock tasks)
     POST /step {env_idx, action}       -> {state, reward, done, info}
     GET  /observation?env_idx=n        -> {observation: the latest state}
     POST /close {env_idx}
 
 An action is the agent's reply as written. Hermes tool calls ``<tool_call>{"name": ..., "arguments": {...}}
 </tool_call>`` (one or more) go to the domain's tools, run by τ²'s own domain environment (``get_response``), and
-the state is their results, each in ``<tool_response>…</tool_response>``; calling ``done`` ends the conversation
-(after the reply's other calls ran). A reply without tool calls is a message to τ²'s user simulator, and the state
-is the user's answer; the user ends the conversation with τ²'s stop markers. A ``<tool_call>`` tag whose JSON body
-is missing or broken (the telecom failure: bare tags, looped to the step cap) changes nothing and the state says
-exactly what is wrong ("Tool call error: ..."). It counts as a tool error, as does a tool call that fails;
+the state is their results, each in ``<tool_response>…</tool_response>``; calling ``done`` (a tool offered only
+under ``--agent-prompt project``) ends the conversation (after the reply's other calls ran). A reply without tool
+calls is a message to τ²'s user simulator, and the state is the user's answer; the user ends the conversation with
+τ²'s stop markers. A ``<tool_call>`` tag whose JSON body is missing or broken (the telecom failure: bare tags,
+looped to the step cap) changes nothing and the state says exactly what is wrong ("Tool call error: ...").
+It counts as a tool error, as does a tool call that fails;
 ``--max-errors`` errors end the episode with reward 0 (τ²'s orchestrator ends on too many errors the same way), and
 so does ``--max-steps``, τ²'s step cap counted as its orchestrator counts messages (the user's first message 1,
 each agent reply 2: the reply and its tool results or the user's answer; the user's own tool calls, telecom only,
 are not counted).
+
+The agent's prompt (``--agent-prompt``):
+    project:  ``system_prompt`` is null (the agent func writes its own instruction above ``policy``); the tools are
+              the domain's plus ``done``, with which the agent ends the conversation.
+    tau2:     τ²'s default agent, as ``tau2 run`` drives it: ``system_prompt`` is the one τ²'s own ``LLMAgent`` builds
+              (its instruction and the domain policy), the tools are the domain's alone (only the user ends the
+              conversation; a ``done`` call is an unknown tool, a tool error), and the agent's history opens with
+              ``greeting``, τ²'s fixed first agent message that the user answered.
 
 Reward, 0 until the end; at the end τ²'s own evaluation of the conversation (``evaluate_simulation``,
 ``EvaluationType.ALL``) gives ``reward`` (the product over the task's reward basis) and its per-basis breakdown:
@@ -64,6 +74,7 @@ log = logging.getLogger("env_gateway.servers.tau2")
 
 DOMAINS = ("airline", "retail", "telecom", "mock")  # mock: τ²'s small test domain
 STOP_TOOL = "done"
+AGENT_PROMPTS = ("project", "tau2")
 FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # τ²'s orchestrator opens every conversation with this
 MAX_USER_TOOL_ROUNDS = 50  # the user simulator's own tool calls in a row before it must answer
 CALL_FORMAT = 'Write <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.'
@@ -117,6 +128,7 @@ class Conversation(Protocol):
 
     policy: str
     tools: list[dict]
+    system_prompt: str | None  # τ²'s default agent prompt under --agent-prompt tau2, else None
 
     def start(self) -> str:
         """The user's first message (after τ²'s fixed greeting)."""
@@ -141,9 +153,11 @@ class RealTau2:
     ``log_level`` (the key never reaches a log line), and litellm is told to use its bundled model-cost map instead of
     fetching one from the internet. Each domain's tasks are loaded once (tau2's own task loader, every split)."""
 
-    def __init__(self, user_model: str, user_llm_args: dict, log_level: str = "WARNING"):
+    def __init__(self, user_model: str, user_llm_args: dict, log_level: str = "WARNING", agent_prompt: str = "project"):
+        if agent_prompt not in AGENT_PROMPTS:
+            raise ValueError(f"agent_prompt must be one of {', '.join(AGENT_PROMPTS)}, got {agent_prompt!r}")
         self.user_model, self._user_llm_args = user_model, user_llm_args  # holds the key: never log this dict
-        self.log_level = log_level
+        self.log_level, self.agent_prompt = log_level, agent_prompt
         self._tasks: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
@@ -164,7 +178,7 @@ class RealTau2:
         if task_id not in tasks:
             raise RequestError(404, "unknown_task", f"tau2 domain {domain} has no task {short(task_id)} (it has "
                                                     f"{len(tasks)} tasks, e.g. {', '.join(list(tasks)[:3])})")
-        return _Tau2Conversation(domain, tasks[task_id], self.user_model, self._user_llm_args)
+        return _Tau2Conversation(domain, tasks[task_id], self.user_model, self._user_llm_args, self.agent_prompt)
 
 
 _TAU2_IMPORTED = False
@@ -204,7 +218,8 @@ def import_tau2(log_level: str = "WARNING") -> Any:
 
 
 class _Tau2Conversation:
-    def __init__(self, domain: str, task: Any, user_model: str, user_llm_args: dict):
+    def __init__(self, domain: str, task: Any, user_model: str, user_llm_args: dict, agent_prompt: str):
+        from tau2.agent.llm_agent import LLMAgent
         from tau2.data_model.message import AssistantMessage, ToolCall as Tau2ToolCall
         from tau2.registry import registry
         from tau2.user.user_simulator import UserSimulator
@@ -221,9 +236,13 @@ class _Tau2Conversation:
                            initialization_actions=state.initialization_actions if state else None, message_history=[])
         self.policy = self.env.get_policy()
         self.tools = [t.openai_schema for t in self.env.get_tools()]
-        self.tools.append({"type": "function", "function": {"name": STOP_TOOL, "description": "End the "
-                           "conversation when the customer's request is fully handled.",
-                           "parameters": {"type": "object", "properties": {}}}})
+        if agent_prompt == "tau2":
+            self.system_prompt = LLMAgent(tools=self.env.get_tools(), domain_policy=self.policy).system_prompt
+        else:
+            self.system_prompt = None
+            self.tools.append({"type": "function", "function": {"name": STOP_TOOL, "description": "End the "
+                               "conversation when the customer's request is fully handled.",
+                               "parameters": {"type": "object", "properties": {}}}})
         try:
             user_tools = self.env.get_user_tools()
         except ValueError:  # airline, retail and mock users have no tools
@@ -345,6 +364,7 @@ class Tau2Server:
                 False, 0
             ep.steps = 1  # τ²'s greeting is not a step; the user's first message is
         return web.json_response({"state": first, "policy": conversation.policy, "tools": conversation.tools,
+                                  "system_prompt": conversation.system_prompt, "greeting": FIRST_AGENT_MESSAGE,
                                   "domain": domain, "task_id": task_id})
 
     async def handle_step(self, request: web.Request) -> web.Response:
@@ -363,8 +383,11 @@ class Tau2Server:
             return {"state": "The conversation is over: reset to start another.", "reward": 0.0, "done": True,
                     "info": {}}
         calls, error = parse_hermes(reply)
-        stop = any(c.name == STOP_TOOL for c in calls)
-        calls = [c for c in calls if c.name != STOP_TOOL]  # the other calls of a reply that also says done still run
+        if any(t.get("function", {}).get("name") == STOP_TOOL for t in ep.conversation.tools):
+            stop = any(c.name == STOP_TOOL for c in calls)
+            calls = [c for c in calls if c.name != STOP_TOOL]  # a reply's other calls still run before it ends
+        else:  # τ²'s default agent has no done tool: the call goes to the domain, which does not know it
+            stop = False
         errors = 0
         ep.steps += 2  # as τ² counts: the agent's message, then the tool results or the user's answer
         if error is not None:
@@ -461,6 +484,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--user-key-file", default=os.path.join(".secrets", "tau2_user_api_key"))
     p.add_argument("--user-temperature", type=float, default=0.0)
     p.add_argument("--reward-shape", choices=("binary", "dense"), default="binary")
+    p.add_argument("--agent-prompt", choices=AGENT_PROMPTS, default="project", help="tau2: τ²'s default agent prompt "
+                   "and tools, as 'tau2 run' gives them (protocol alignment); project: the agent func's own "
+                   "instruction and a done tool")
     p.add_argument("--user-timeout", type=float, default=120.0, help="seconds one user-simulator call may take "
                    "(litellm's timeout; τ²'s retries come on top)")
     p.add_argument("--max-errors", type=int, default=10, help="tool errors that end an episode (τ²'s default)")
@@ -477,14 +503,15 @@ def main(argv: list[str] | None = None) -> None:
     llm_args = {"api_base": args.user_base_url, "api_key": read_key(args.user_key_file),
                 "temperature": args.user_temperature, "timeout": args.user_timeout}
     try:
-        server = Tau2Server(RealTau2(args.user_model, llm_args, args.tau2_log_level), args.reward_shape,
-                            args.max_errors, args.max_instances, args.workers, args.instance_ttl, args.max_steps)
+        conversations = RealTau2(args.user_model, llm_args, args.tau2_log_level, args.agent_prompt)
+        server = Tau2Server(conversations, args.reward_shape, args.max_errors, args.max_instances, args.workers,
+                            args.instance_ttl, args.max_steps)
     except ValueError as e:
         raise SystemExit(f"tau2 server: {e}") from None
     sock, port = bound_socket(args.host, args.port)  # the log names the port --port 0 got
     web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
-        "tau2 server listening on http://%s:%d (user model %s at %s, reward %s)", args.host, port, args.user_model,
-        args.user_base_url, args.reward_shape))
+        "tau2 server listening on http://%s:%d (user model %s at %s, reward %s, agent prompt %s)", args.host, port,
+        args.user_model, args.user_base_url, args.reward_shape, args.agent_prompt))
 
 
 if __name__ == "__main__":

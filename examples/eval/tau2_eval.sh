@@ -1,25 +1,11 @@
 #!/usr/bin/env bash
-# τ²-bench is evaluated with its own CLI (docs/TAU2_GRPO.md): serve the checkpoint behind an OpenAI-compatible
-# endpoint (vllm serve CKPT --served-model-name policy --enable-auto-tool-choice --tool-call-parser hermes), run
-# `tau2 run` on every domain's test split with 4 trials, then compare with the published table:
-#   TAG=mytag USER_LLM=gpt-4o-mini TAU2_RESULTS_DIR=<tau2 data dir>/simulations bash examples/eval/tau2_eval.sh
-# Settings: TAG (required)  AGENT_LLM=openai/policy  USER_LLM=gpt-4o-mini (the published numbers' user)
-#   AGENT_LLM_ARGS= USER_LLM_ARGS= (passed as --agent-llm-args / --user-llm-args)  TRIALS=4  MAX_STEPS=100
-#   DOMAINS="airline retail telecom"  TAU2=.venvs/tau2/bin/tau2  TAU2_RESULTS_DIR=runs/tau2  DRY_RUN=1
+# τ²-bench is scored by τ²'s own CLI under the published protocol (docs/TAU2_GRPO.md), so this example is
+# scripts/tau2_align_eval.sh: it serves the checkpoint with vLLM (Hermes tool-call parser), runs `tau2 run` on every
+# domain's test split (4 trials, step cap 200, results under RESULTS_DIR=runs/tau2) and scores them with
+# scripts/tau2_align_score.py.
+#   TAG=mine CKPT=runs/tau2_grpo/model bash examples/eval/tau2_eval.sh
+#   TAG=mine POLICY_BASE_URL=http://host:8000/v1 bash examples/eval/tau2_eval.sh     (a policy already served)
+# Every setting of scripts/tau2_align_eval.sh applies (DOMAINS, NUM_TRIALS, USER_LLM, DRY_RUN=1, ...).
 set -euo pipefail
-# shellcheck source-path=SCRIPTDIR source=../../scripts/lib/common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/common.sh"
-cd "$COPE_ROOT"
-: "${TAG:?set TAG, the name this evaluation is saved under}" "${AGENT_LLM:=openai/policy}" "${USER_LLM:=gpt-4o-mini}"
-: "${AGENT_LLM_ARGS:=}" "${USER_LLM_ARGS:=}" "${TRIALS:=4}" "${MAX_STEPS:=100}" "${DOMAINS:=airline retail telecom}"
-: "${TAU2:=.venvs/tau2/bin/tau2}" "${TAU2_RESULTS_DIR:=runs/tau2}"
-read -r -a domains <<<"$DOMAINS"
-for domain in "${domains[@]}"; do
-    cmd=("$TAU2" run --domain "$domain" --agent-llm "$AGENT_LLM" --user-llm "$USER_LLM" --num-trials "$TRIALS"
-        --task-split-name test --max-steps "$MAX_STEPS" --save-to "${TAG}_${domain}")
-    if [ -n "$AGENT_LLM_ARGS" ]; then cmd+=(--agent-llm-args "$AGENT_LLM_ARGS"); fi
-    if [ -n "$USER_LLM_ARGS" ]; then cmd+=(--user-llm-args "$USER_LLM_ARGS"); fi
-    cope_run_or_print "${cmd[@]}"
-done
-cope_run_or_print "$(cope_python)" scripts/tau2_align_score.py --tag "$TAG" --results-dir "$TAU2_RESULTS_DIR" \
-    --trials "$TRIALS" --domains "${domains[@]}"
+if [ -n "${CKPT:-}" ] && [ -z "${MODEL_PATH:-}" ]; then export MODEL_PATH="$CKPT"; fi  # the other examples' name
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../../scripts/tau2_align_eval.sh" "$@"
