@@ -6,10 +6,11 @@ the simulated user's first message, with the domain's tools given to the chat te
 template writes them in its own Hermes tool section); a template without tool support gets them as JSON in the
 system message instead. The system message is this func's instruction above the domain policy, unless the server
 runs with ``--agent-prompt tau2``: then it is τ²'s own default agent prompt (the server's ``system_prompt``), and
-τ²'s greeting sits between it and the user's message as the agent's first turn, as ``tau2 run`` prompts a model. Each reply is the action, as the model wrote it: a message to the
-user, or one or more ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (the server parses them;
-``done`` ends the conversation). An empty reply is an invalid action. Reward: the server's (τ²'s own reward,
-or its dense variant with ``--reward-shape dense``), passed through; success = reward within 1e-6 of 1.
+τ²'s greeting sits between it and the user's message as the agent's first turn, as ``tau2 run`` prompts a model.
+Each reply is the action, as the model wrote it: a message to the user, or one or more
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (the server parses them; ``done``, where the
+server offers it, ends the conversation). An empty reply is an invalid action. Reward: the server's (τ²'s own
+reward, or its dense variant with ``--reward-shape dense``), passed through; success = reward within 1e-6 of 1.
 Turns: 30.
 """
 

@@ -27,11 +27,11 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+sys.path.insert(0, ROOT)  # run as a file, this module sees only scripts/: the repository's packages need the root
 
 import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF imports on CPU-only machines)
 from agent_funcs.instructions import ACKNOWLEDGEMENT  # noqa: E402
-from agent_metrics import summarize  # noqa: E402
+from scripts.agent_metrics import summarize  # noqa: E402
 
 _TRACE: contextvars.ContextVar[dict] = contextvars.ContextVar("eval_trace")
 

@@ -24,9 +24,9 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, ROOT)  # run as a file, this module sees only scripts/
 
-from agent_metrics import avg_at_k, pass_hat_k  # noqa: E402
+from scripts.agent_metrics import avg_at_k, pass_hat_k  # noqa: E402
 
 DOMAINS = ("airline", "retail", "telecom")
 SCORABLE = DOMAINS + ("mock",)  # mock: τ²'s own small test domain, for tests of the evaluation path

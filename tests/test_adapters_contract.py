@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +19,6 @@ from agent_funcs.sciworld import binarised_sciworld_score
 from agent_funcs.webshop import binarised_webshop_score
 from tests.agent_funcs_stack import (AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, react, run_episode,
                                      serve_app)
-from tests.conftest import ROOT
 from tests.tiny_hf import tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -310,12 +308,11 @@ def test_an_episode_the_env_fails_scores_0_whatever_it_had_earned(monkeypatch):
 
 
 def eval_script(monkeypatch):
-    """scripts/eval.py as a module, the tiny tokenizer, and no agent setting left from the environment."""
-    import importlib.util
+    """scripts/eval.py as the module ``scripts.eval`` (as mutmut names it), the tiny tokenizer, and no agent setting
+    left from the environment."""
+    import importlib
 
-    spec = importlib.util.spec_from_file_location("script_eval", os.path.join(ROOT, "scripts", "eval.py"))
-    ev = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ev)
+    ev = importlib.import_module("scripts.eval")
     for name in AGENT_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     return ev, tiny_tokenizer()

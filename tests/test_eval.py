@@ -5,7 +5,7 @@ refusing incomplete runs."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import importlib
 import itertools
 import json
 import os
@@ -18,15 +18,13 @@ import pytest
 from tests.conftest import ROOT
 from tests.env_server_proc import EnvServerProcess, require_venv
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from agent_metrics import avg_at_k, pass_hat_k, summarize  # noqa: E402
+from scripts.agent_metrics import avg_at_k, pass_hat_k, summarize
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """scripts/<name>.py as the module ``scripts.<name>``, the name mutmut gives its mutants (scripts/mutation_test.sh):
+    loaded under another name, no mutant of it would ever run."""
+    return importlib.import_module(f"scripts.{name}")
 
 
 # ---- formulas ----------------------------------------------------------------------------------------------------
@@ -68,7 +66,8 @@ def babyai_gateway():
     from tests.agent_funcs_stack import TEST_GATEWAY_FLAGS
     from tests.gateway_proc import GatewayProcess
 
-    with EnvServerProcess("babyai") as server, GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"babyai": server.url}) as gateway:
+    with EnvServerProcess("babyai") as server, \
+            GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"babyai": server.url}) as gateway:
         yield server, gateway
 
 
