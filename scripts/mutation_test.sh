@@ -52,6 +52,11 @@ for file in "${files[@]}"; do
   git worktree add -q --detach "$work" HEAD
   ln -s "$ROOT/.venv" "$work/.venv"
   ln -s "$ROOT/.venvs" "$work/.venvs"
+  # the tests run inside mutmut's copy (mutants/), and find the env servers' venvs from there: without these links the
+  # tests that start a server skip, and every mutant only they would catch "survives"
+  mkdir -p "$work/mutants"
+  ln -s "$ROOT/.venv" "$work/mutants/.venv"
+  ln -s "$ROOT/.venvs" "$work/mutants/.venvs"
   printf '[mutmut]\nsource_paths=\n    %s/\nonly_mutate=\n    %s\npytest_add_cli_args_test_selection=%s\n' \
     "$(dirname "$file")" "$file" "$(printf '\n    %s' "${tests[@]}")" > "$work/setup.cfg"
   printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n' >> "$work/setup.cfg"
