@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -59,6 +60,51 @@ def test_avg_at_k_and_summary():
     assert m["pass^1"] == pytest.approx(0.125) and m["pass^2"] == 0.0 and m["avg@4"] == pytest.approx(0.35)
 
 
+# ---- the item ids eval.py plays --------------------------------------------------------------------------------------
+def test_read_items_takes_each_label_else_the_prompt_after_the_env_and_refuses_unclear_input(tmp_path):
+    read_items = load_script("eval").read_items
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"prompt": "tau2/retail/5", "label": "retail/5"}\n\n{"prompt": "tau2/retail/9"}\n'
+                    '{"prompt": "babyai/3", "label": ""}\n{"prompt": "babyai/8", "label": 11}\n')
+    assert read_items(str(path), None, None) == ["retail/5", "retail/9", "3", "11"]
+    assert read_items(str(path), None, 2) == ["retail/5", "retail/9"]  # --limit: the first ones
+    assert read_items(None, " 4, 7,,9 ", None) == ["4", "7", "9"]
+    for both_or_neither in ((str(path), "4"), (None, None)):
+        with pytest.raises(SystemExit, match="give exactly one of --items FILE.jsonl .* or --item-ids"):
+            read_items(*both_or_neither, None)
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    for empty in ((str(tmp_path / "empty.jsonl"), None), (None, " , ")):
+        with pytest.raises(SystemExit, match="no item ids to evaluate"):
+            read_items(*empty, None)
+
+
+def test_eval_flags_their_defaults_types_and_the_required_ones(monkeypatch):
+    """The defaults the eval scripts and published comparisons rely on (k = 4 trials for Avg@4 and pass^1..4,
+    sampling at temperature 1, the per-turn and per-episode token budgets)."""
+    monkeypatch.delenv("COPE_GATEWAY_URL", raising=False)
+    parser = load_script("eval").build_parser()
+    required = ["--env", "babyai", "--model", "m", "--out", "o.json"]
+    assert vars(parser.parse_args(required)) == {
+        "env": "babyai", "model": "m", "items": None, "item_ids": None, "limit": None, "k": 4, "out": "o.json",
+        "episodes_out": None, "gateway": "http://127.0.0.1:8800", "engine": None, "temperature": 1.0,
+        "max_new_tokens": 512, "max_length": 16384, "concurrency": 64, "seed": 0}
+    given = parser.parse_args(required + ["--items", "i.jsonl", "--item-ids", "1,2", "--limit", "3", "--k", "2",
+                                          "--episodes-out", "e.jsonl", "--engine", "hf", "--temperature", "0.5",
+                                          "--max-new-tokens", "8", "--max-length", "99", "--concurrency", "2",
+                                          "--seed", "7"])
+    assert vars(given) == {"env": "babyai", "model": "m", "items": "i.jsonl", "item_ids": "1,2", "limit": 3, "k": 2,
+                           "out": "o.json", "episodes_out": "e.jsonl", "gateway": "http://127.0.0.1:8800",
+                           "engine": "hf", "temperature": 0.5, "max_new_tokens": 8, "max_length": 99,
+                           "concurrency": 2, "seed": 7}
+    for at in (0, 2, 4):  # each required flag, left out
+        with pytest.raises(SystemExit):
+            parser.parse_args(required[:at] + required[at + 2:])
+    with pytest.raises(SystemExit):
+        parser.parse_args(required + ["--engine", "tpu"])
+    monkeypatch.setenv("COPE_GATEWAY_URL", "http://10.0.0.5:9000")  # the launchers' gateway, when they set it
+    assert load_script("eval").build_parser().parse_args(required).gateway == "http://10.0.0.5:9000"
+
+
 # ---- eval.py through the real BabyAI server and gateway -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def babyai_gateway():
@@ -78,7 +124,7 @@ def agent_env(monkeypatch):
     return monkeypatch
 
 
-def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env, tmp_path):
+def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env, tmp_path, capsys):
     from tests.tiny_hf import tiny_model, tiny_tokenizer
 
     _, gateway = babyai_gateway
@@ -90,14 +136,33 @@ def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env,
     (tmp_path / "items.jsonl").write_text("".join(json.dumps({"prompt": f"babyai/{i}", "label": str(i)}) + "\n"
                                                   for i in (3, 7)))
     agent_env.setenv("MAX_TURNS", "2")
-    agent_env.setenv("COPE_GATEWAY_URL", gateway.url)  # main() sets it; monkeypatch puts the old value back
-    report = load_script("eval").main([
-        "--env", "babyai", "--model", str(tmp_path / "ckpt"), "--items", str(tmp_path / "items.jsonl"), "--k", "2",
-        "--engine", "hf", "--gateway", gateway.url, "--max-new-tokens", "12", "--max-length", "8192",
-        "--out", str(tmp_path / "out" / "babyai.json")])
+    agent_env.setenv("COPE_GATEWAY_URL", "http://127.0.0.1:9")  # main() sets it from --gateway; monkeypatch undoes it
+    main = load_script("eval").main
+    common = ["--env", "babyai", "--model", str(tmp_path / "ckpt"), "--engine", "hf", "--gateway", gateway.url,
+              "--max-new-tokens", "12", "--max-length", "8192"]
+    with pytest.raises(SystemExit, match="--k must be >= 1"):
+        main(common + ["--items", str(tmp_path / "items.jsonl"), "--k", "0", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="--model .*nothing-here is not a checkpoint folder"):
+        main(["--env", "babyai", "--model", str(tmp_path / "nothing-here"), "--item-ids", "3", "--out", "x.json"])
+    started = time.monotonic()
+    report = main(common + ["--items", str(tmp_path / "items.jsonl"), "--k", "2",
+                            "--out", str(tmp_path / "out" / "babyai.json")])
+    took = time.monotonic() - started
     assert report == json.loads((tmp_path / "out" / "babyai.json").read_text())
+    assert {key: report[key] for key in ("env", "model", "engine", "k", "temperature", "items", "episodes")} == {
+        "env": "babyai", "model": str(tmp_path / "ckpt"), "engine": "hf", "k": 2, "temperature": 1.0, "items": 2,
+        "episodes": 4}
+    assert 0 < report["seconds"] <= took + 0.1  # the run's own time, rounded to 0.1 s
     assert report["episodes"] == 4 and [row["item_id"] for row in report["per_item"]] == ["3", "7"]
     assert report["env_failures"] == 0
+    printed = capsys.readouterr().out
+    assert f"eval: babyai: 2 items x 2 trials: success_rate {report['metrics']['success_rate']:.3f}, " in printed
+    assert printed.rstrip().endswith(f"-> {tmp_path / 'out' / 'babyai.json'}, "
+                                     f"{tmp_path / 'out' / 'babyai.episodes.jsonl'}")
+    # --item-ids, --limit, one trial, and an --out not named .json: its episodes file is <out>.episodes.jsonl
+    other = main(common + ["--item-ids", "7,3", "--limit", "1", "--k", "1", "--out", str(tmp_path / "one.out")])
+    assert other["items"] == 1 and [row["item_id"] for row in other["per_item"]] == ["7"]
+    assert len((tmp_path / "one.out.episodes.jsonl").read_text().splitlines()) == 1
     episodes = [json.loads(line) for line in (tmp_path / "out" / "babyai.episodes.jsonl").read_text().splitlines()]
     assert sorted((e["item_id"], e["trial"]) for e in episodes) == [("3", 0), ("3", 1), ("7", 0), ("7", 1)]
     for e in episodes:
