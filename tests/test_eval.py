@@ -165,10 +165,18 @@ def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env,
     assert len((tmp_path / "one.out.episodes.jsonl").read_text().splitlines()) == 1
     episodes = [json.loads(line) for line in (tmp_path / "out" / "babyai.episodes.jsonl").read_text().splitlines()]
     assert sorted((e["item_id"], e["trial"]) for e in episodes) == [("3", 0), ("3", 1), ("7", 0), ("7", 1)]
+    from agent_funcs.instructions import ACKNOWLEDGEMENT, INSTRUCTIONS
+
     for e in episodes:
         assert 1 <= e["turns"] <= 2 and len(e["messages"]) == 3 + 2 * e["turns"]
+        assert [m["role"] for m in e["messages"]] == ["user", "assistant", "user"] + ["assistant", "user"] * e["turns"]
+        assert e["messages"][0]["content"] == INSTRUCTIONS["babyai"] and e["messages"][1]["content"] == ACKNOWLEDGEMENT
         assert e["messages"][2]["content"].startswith("Your goal:")  # the server's first observation
-        assert e["extra_logs"]["turns"] == e["turns"]
+        assert e["extra_logs"]["turns"] == e["turns"] == len(e["turn_rewards"]) and e["env"] == "babyai"
+        assert all(isinstance(r, float) for r in e["turn_rewards"])
+    for row in report["per_item"]:
+        mine = sorted((e for e in episodes if e["item_id"] == row["item_id"]), key=lambda e: e["trial"])
+        assert row["trials"] == 2 and row["turns"] == [e["turns"] for e in mine]
     # The report's metrics against the episodes file, computed here from their definitions (not with summarize)
     rewards = {i: [e["reward"] for e in episodes if e["item_id"] == i] for i in ("3", "7")}
     wins = {i: sum(e["success"] for e in episodes if e["item_id"] == i) for i in ("3", "7")}
