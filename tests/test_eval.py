@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -105,6 +106,202 @@ def test_eval_flags_their_defaults_types_and_the_required_ones(monkeypatch):
     assert load_script("eval").build_parser().parse_args(required).gateway == "http://10.0.0.5:9000"
 
 
+# ---- the generation backends: HFBackend on hand-built checkpoints whose replies are known, BatchingEngine ----------
+def wired_checkpoint(path, tokenizer, next_token: dict[int, int], generation_eos) -> None:
+    """A tiny Qwen2 whose greedy next token is ``next_token[current token]``: attention and MLP outputs are zero, so
+    the last hidden state is the normed embedding of the current token alone (random, so nearly orthogonal to the
+    others at width 128), and the untied LM head holds that state in the row of the token it leads to.
+    ``generation_eos`` is the config's ``eos_token_id`` (a list, one id or None)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         tie_word_embeddings=False, eos_token_id=generation_eos)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_()
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        for current, following in next_token.items():
+            state = model.model.norm(model.model.embed_tokens.weight[current])
+            model.lm_head.weight[following] += state
+    model.generation_config.eos_token_id = generation_eos
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Token-by-token generation on a tiny model is all synchronisation: with two threads on a loaded 2-core machine
+    it ran ~10x slower than with one (200 tokens: 3.1 s against 0.37 s beside a training run)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def word_ids(tokenizer, *words: str) -> list[int]:
+    return [tokenizer.convert_tokens_to_ids(w) for w in words]
+
+
+def test_hf_backend_ends_each_reply_at_its_first_end_token_or_at_its_own_budget(tmp_path, one_torch_thread):
+    """A reply keeps its first end token in ``token_ids`` but not in ``text`` (finish_reason "stop"), or stops at its
+    request's budget ("length"). The end tokens are the tokenizer's and the generation config's, whether that is a
+    list, one id or none."""
+    from tests.tiny_hf import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    end = tok.eos_token_id
+    look, key, door, ball, left = word_ids(tok, "look", "Ġkey", "Ġdoor", "Ġball", "Ġleft")
+    chain = {look: key, key: door, door: ball, ball: end, end: left, left: left}  # look -> key door ball <end> left..
+    prompt = tok("Thought:\nI should")["input_ids"] + [look]
+    longer = tok("Action:\nopen door\nThought:\nI should")["input_ids"] + [look]
+    HFBackend = load_script("eval").HFBackend
+    for generation_eos, first_end in ((None, end), (door, door), ([look, door], door)):
+        folder = tmp_path / f"eos-{generation_eos}"
+        wired_checkpoint(folder, tok, chain, generation_eos)
+        # the last request never ends, so the batch runs to its longest budget and the others' rows go on (as padding)
+        # after their end token
+        replies = HFBackend(str(folder), temperature=0.0, seed=0).generate(
+            [(prompt, 10), (longer, 2), (prompt, 4), (prompt[:-1] + [left], 9)])
+        want = [key, door, ball, end] if first_end == end else [key, door]
+        assert [r.token_ids for r in replies] == [want, [key, door], want, [left] * 9], generation_eos
+        cut = "length" if first_end == end else "stop"  # [key, door]: its budget, or door is an end token
+        assert [r.finish_reason for r in replies] == ["stop", cut, "stop", "length"]
+        full = " key door ball" if first_end == end else " key door"  # the end token is not in the text
+        assert [r.text for r in replies[:3]] == [full, " key door", full]
+        assert all(r.logprobs is None for r in replies)  # what MultiTurnAgentExecutor reads when it asks for none
+
+
+def test_hf_backend_pads_a_batch_on_the_left_and_masks_the_padding(tmp_path, one_torch_thread):
+    """Prompts of different lengths batched together get the replies each would get alone (a random tiny model, whose
+    replies depend on every token it attends to), with the tokenizer's pad token and without one."""
+    from tests.tiny_hf import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    short = tok("pick up key")["input_ids"]
+    long_ = tok("Invalid action. Nothing happens. You see a red ball")["input_ids"]
+    HFBackend = load_script("eval").HFBackend
+    for pad in (True, False):
+        folder = tmp_path / f"pad-{pad}"
+        model = tiny_model(len(tok))
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        if not pad:
+            settings = json.loads((folder / "tokenizer_config.json").read_text())
+            settings["pad_token"] = None  # not just left out: Qwen2Tokenizer would default to <|endoftext|>
+            (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+        backend = HFBackend(str(folder), temperature=0.0, seed=0)
+        assert (backend.tokenizer.pad_token_id is None) == (not pad)
+        alone = [backend.generate([(ids, 12)])[0].token_ids for ids in (short, long_)]
+        assert [r.token_ids for r in backend.generate([(short, 12), (long_, 12)])] == alone
+        assert [r.token_ids for r in backend.generate([(long_, 12), (short, 12)])] == alone[::-1]
+
+
+def two_word_checkpoint(path, tokenizer, likely: int, unlikely: int) -> None:
+    """A tiny Qwen2 whose next-token logits are 1 for ``likely``, 0 for ``unlikely`` and -30 for every other token,
+    whatever the context: every embedding is the ones vector, attention and MLP outputs are zero, so the last hidden
+    state is ones, and each LM-head row sums to its logit. P(likely) = 1 / (1 + e^(-1/T)) at temperature T."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.fill_(1.0)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.fill_(-30.0 / config.hidden_size)
+        model.lm_head.weight[likely] = 1.0 / config.hidden_size
+        model.lm_head.weight[unlikely] = 0.0
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def test_hf_backend_samples_at_its_temperature_from_its_seed_and_is_greedy_at_zero(tmp_path, one_torch_thread):
+    """Temperature T > 0 samples from softmax(logits / T) with nothing cut (no top-k, no top-p); T = 0 takes the
+    argmax; the same seed gives the same sample. 200 tokens per reply: P(likely) is 0.731 at T = 1 (its share lands
+    in [0.58, 0.88], 5 standard deviations) and 0.982 at T = 0.25 (share >= 0.93)."""
+    from tests.tiny_hf import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    likely, unlikely = word_ids(tok, "Ġkey", "Ġdoor")
+    two_word_checkpoint(tmp_path / "ckpt", tok, likely, unlikely)
+    HFBackend = load_script("eval").HFBackend
+    prompt = tok("pick up")["input_ids"]
+
+    def share(temperature: float, seed: int = 0) -> tuple[float, list[int]]:
+        reply, short = HFBackend(str(tmp_path / "ckpt"), temperature, seed).generate([(prompt, 200), (prompt, 7)])
+        assert len(reply.token_ids) == 200 and len(short.token_ids) == 7  # each its own budget; no end token drawn
+        assert reply.finish_reason == short.finish_reason == "length" and set(reply.token_ids) <= {likely, unlikely}
+        return reply.token_ids.count(likely) / 200, reply.token_ids
+
+    warm, drawn = share(1.0)
+    assert 0.58 <= warm <= 0.88
+    assert share(1.0)[1] == drawn and share(1.0, seed=1)[1] != drawn
+    assert share(0.25)[0] >= 0.93
+    assert share(0.0)[0] == 1.0
+
+
+class RecordingBackend:
+    """Stand-in for a backend (the engine's own logic is under test, not a model's): records each batch it is asked
+    for and answers every request with its budget; its first batch fails when ``fail_first`` is set."""
+
+    def __init__(self, fail_first: bool = False):
+        self.batches: list[list[tuple[list[int], int]]] = []
+        self.fail_first = fail_first
+        self.first_started, self.release = threading.Event(), threading.Event()
+
+    def generate(self, requests):
+        self.batches.append(requests)
+        if self.fail_first and len(self.batches) == 1:
+            self.first_started.set()
+            self.release.wait(timeout=60)
+            raise RuntimeError("backend failed")
+        return [SimpleNamespace(token_ids=[n], text=str(n), finish_reason="length", logprobs=None) for _, n in requests]
+
+
+@pytest.mark.timeout(120)
+def test_batching_engine_caps_each_budget_and_gives_every_waiting_episode_the_backend_error():
+    """A request's budget is the smaller of its own max_tokens and the engine's (the engine's when it sets none);
+    requests that arrive together form one batch; a failed batch fails each of its requests, and a request that
+    arrived while it ran is still served (a hang here is stopped by the per-test timeout)."""
+    BatchingEngine = load_script("eval").BatchingEngine
+
+    async def run() -> None:
+        backend = RecordingBackend()
+        engine = BatchingEngine(backend, max_new_tokens=10)
+        asks = [SimpleNamespace(max_tokens=m) for m in (5, None, 50)]
+        outs = await asyncio.gather(*(engine.generate([i], ask) for i, ask in enumerate(asks)))
+        assert [o.outputs[0].token_ids for o in outs] == [[5], [10], [10]]
+        assert backend.batches == [[([0], 5), ([1], 10), ([2], 10)]]  # one batch of all three
+
+        failing = RecordingBackend(fail_first=True)
+        engine = BatchingEngine(failing, max_new_tokens=10)
+        first = [asyncio.ensure_future(engine.generate([i], SimpleNamespace(max_tokens=None))) for i in (0, 1)]
+        await asyncio.to_thread(failing.first_started.wait, 60)
+        later = asyncio.ensure_future(engine.generate([2], SimpleNamespace(max_tokens=3)))
+        await asyncio.sleep(0)
+        failing.release.set()
+        for future in first:
+            with pytest.raises(RuntimeError, match="backend failed"):
+                await future
+        assert (await later).outputs[0].token_ids == [3]
+        assert failing.batches == [[([0], 10), ([1], 10)], [([2], 3)]]
+
+    asyncio.run(run())
+
+
 # ---- eval.py through the real BabyAI server and gateway -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def babyai_gateway():
@@ -185,6 +382,45 @@ def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env,
         "success_rate": sum(wins.values()) / 4, "mean_reward": sum(map(sum, rewards.values())) / 4,
         "avg@2": sum(sum(r) / 2 for r in rewards.values()) / 2,
         "pass^1": sum(c / 2 for c in wins.values()) / 2, "pass^2": sum(c == 2 for c in wins.values()) / 2})
+
+
+def test_eval_takes_vllm_when_it_is_installed_else_transformers(babyai_gateway, agent_env, tmp_path, monkeypatch):
+    """Without --engine, eval.py plays on vLLM when the package can be found, else on transformers; vLLM's backend
+    gets the checkpoint, --temperature, --seed and --max-length, and the tokenizer is vLLM's own. A stand-in takes
+    vLLM's place and records what it was given, playing with transformers underneath: vLLM's start alone takes over
+    a minute here (the real engine: test_eval_with_the_vllm_engine, slow)."""
+    from tests.tiny_hf import tiny_model, tiny_tokenizer
+
+    _, gateway = babyai_gateway
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    agent_env.setenv("MAX_TURNS", "1")
+    ev = load_script("eval")
+    given = []
+
+    class StandInVLLM:
+        def __init__(self, *args):
+            given.append(args)
+            self.hf = ev.HFBackend(*args[:3])
+            self.llm = SimpleNamespace(get_tokenizer=lambda: self.hf.tokenizer)
+
+        def generate(self, requests):
+            return self.hf.generate(requests)
+
+    monkeypatch.setattr(ev, "VLLMBackend", StandInVLLM)
+    find_spec = importlib.util.find_spec
+    for installed in (True, False):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: (
+            (find_spec("json") if installed else None) if name == "vllm" else find_spec(name, *rest)))
+        report = ev.main(["--env", "babyai", "--model", str(tmp_path / "ckpt"), "--item-ids", "3", "--k", "1",
+                          "--gateway", gateway.url, "--temperature", "0.5", "--seed", "3", "--max-new-tokens", "8",
+                          "--max-length", "4096", "--out", str(tmp_path / f"{installed}.json")])
+        assert report["engine"] == ("vllm" if installed else "hf") and report["episodes"] == 1
+        assert report["env_failures"] == 0
+    assert given == [(str(tmp_path / "ckpt"), 0.5, 3, 4096)]  # once: the second run did not start it
 
 
 @pytest.mark.slow
