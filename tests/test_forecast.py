@@ -15,6 +15,8 @@ from cope_rlhf.forecast import (
     forecast_loss,
     forecast_weights,
     load_action_format,
+    pack_forecast_samples,
+    packed_forecast_nll,
     trajectory_gate,
 )
 from cope_rlhf.turns import turn_spans, unpadded_trajectories
@@ -161,6 +163,27 @@ def test_forecast_loss_is_the_weighted_token_mean(tok, episode):
         loss = forecast_loss(lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                                                  logits_to_keep=keep).logits, samples, coef=0.01)
     assert count > 10 and abs(float(loss) - 0.01 * total / count) < 1e-5
+
+
+def test_packed_forecast_nll_reads_the_logits_at_the_rollout_temperature(tok, episode):
+    """What the actor calls with its packed rows' logits: coef * sum_i w_i * -log softmax(z_i / T)[label_i] / N over
+    the N target tokens, z_i the logits ``logit_index`` points at, T the rollout temperature (OpenRLHF's
+    Actor.forward divides the policy's logits by it too); no target tokens: 0, still part of the graph."""
+    tokens, turns = episode
+    samples = build_forecast_samples(tokens, turns, tok, k=2, row=0)[:3]
+    for s, w in zip(samples, (2.0, 0.5, 1.0)):
+        s.weight = w
+    packed = pack_forecast_samples(samples)
+    torch.manual_seed(0)
+    logits = torch.randn(*packed.rows.input_ids.shape, len(tok), requires_grad=True)
+    expected = sum(w * -torch.log_softmax(logits[r, c] / 2.0, -1)[label]
+                   for (r, c), label, w in zip(packed.logit_index.tolist(), packed.labels.tolist(),
+                                               packed.weights.tolist()))
+    loss = packed_forecast_nll(logits, packed, coef=0.3, temperature=2.0)
+    assert len(packed.labels) > 10 and float(loss) == pytest.approx(0.3 * float(expected) / len(packed.labels))
+    assert float(loss) != pytest.approx(float(packed_forecast_nll(logits, packed, coef=0.3)), rel=1e-3)
+    empty = packed_forecast_nll(logits, pack_forecast_samples([]), coef=0.3, temperature=2.0)
+    assert float(empty) == 0.0 and empty.requires_grad
 
 
 def test_forecast_weights_gate_and_group_norm(tok):
