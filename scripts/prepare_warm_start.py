@@ -3,7 +3,7 @@ built here, and its supervised warm start.
 
     python scripts/prepare_warm_start.py --env babyai --out DIR [--levels 1] [--heldout 200] [--demos 300]
                                          [--epochs 16] [--sft-lr 2e-3] [--sft-schedule cosine] [--seed 0]
-                                         [--sft-bf16]
+                                         [--sft-bf16] [--hidden-size 128] [--layers 2]
 
 Starts the env's real server (``.venvs/<env>``), asks it for the train split's item ids (``GET /items``), keeps
 BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
@@ -13,7 +13,8 @@ BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
     DIR/data/demos.jsonl     expert episodes (scripts/make_demos.py's ``episode``) of the first ``--demos`` training ids
                              (``--demo-policy view`` / ``view-random`` / ``view-hesitant``: make_demos.view_only_action
                              acts instead of the server's expert)
-    DIR/model                scripts/make_tiny_model.py (tokenizer trained on the demos, ``--seed``)
+    DIR/model                scripts/make_tiny_model.py (tokenizer trained on the demos, ``--seed``; ``--hidden-size``
+                             and ``--layers``, one attention head per 64 of width)
     DIR/model-sft            ``python -m cope_rlhf.local sft`` on the demos' successful episodes
 
 Why held-out ids come from the train split: the benchmarks' own test + dev splits are small (BabyAI: 20 seeds per
@@ -80,7 +81,13 @@ def main(argv: list[str] | None = None) -> dict:
                              "on 2 cores with AMX, but a warm start of 0.425 held-out instead of 0.615 (loss 0.092 vs "
                              "0.070 after 16 epochs; docs/results/quickstart_diagnosis.md point 30)")
     parser.add_argument("--seed", type=int, default=0, help="model weights and SFT order")
+    parser.add_argument("--hidden-size", type=int, default=128,
+                        help="the model's width, a multiple of 64 (default 128: the quickstart's 0.66M parameters)")
+    parser.add_argument("--layers", type=int, default=2, help="the model's decoder layers (default 2)")
     args = parser.parse_args(argv)
+    if args.hidden_size < 64 or args.hidden_size % 64 or args.layers < 1:
+        parser.error(f"--hidden-size must be a positive multiple of 64 (vLLM's CPU attention needs 64 per head) and "
+                     f"--layers >= 1, got {args.hidden_size} and {args.layers}")
     if args.levels is not None:
         if args.env != "babyai":
             parser.error("--levels is BabyAI's (item id mod 40 + 1 is the level)")
@@ -118,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"[warm start] {wins}/{len(demos)} successful expert demos -> {demos_path} ({time.time() - t:.0f} s)",
           flush=True)
     model, model_sft = os.path.join(args.out, "model"), os.path.join(args.out, "model-sft")
-    make_tiny_model(["--out", model, "--corpus", demos_path, "--seed", str(args.seed)])
+    make_tiny_model(["--out", model, "--corpus", demos_path, "--seed", str(args.seed), "--hidden-size",
+                     str(args.hidden_size), "--layers", str(args.layers), "--heads", str(args.hidden_size // 64)])
     result = sft(model, demos_path, model_sft, args.epochs, args.sft_lr, 8, 2048, args.seed, args.sft_schedule,
                  args.sft_bf16)
     print(f"[warm start] SFT model -> {model_sft}", flush=True)

@@ -1,5 +1,5 @@
 """scripts/prepare_warm_start.py: held-out ids and demos are drawn from the whole id list and never overlap; bad
-requests are refused; a SIGTERM leaves no env server behind."""
+requests are refused; the model has the width and depth asked for; a SIGTERM leaves no env server behind."""
 
 import os
 import subprocess
@@ -32,6 +32,8 @@ def test_too_few_ids_for_the_request_is_a_clear_error():
     (["--env", "textcraft", "--out", "x", "--levels", "1"], "--levels is BabyAI's"),
     (["--env", "babyai", "--out", "x", "--levels", "41"], "--levels are 1-40"),
     (["--env", "textcraft", "--out", "x", "--demo-policy", "view"], "--demo-policy view is BabyAI's"),
+    (["--env", "textcraft", "--out", "x", "--hidden-size", "100"], "--hidden-size must be a positive multiple of 64"),
+    (["--env", "textcraft", "--out", "x", "--layers", "0"], "--layers >= 1, got 128 and 0"),
 ])
 def test_levels_are_checked_before_anything_starts(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -59,3 +61,19 @@ def test_sigterm_mid_run_stops_its_env_server(tmp_path):
         assert servers, "no env server under the run"
     finally:
         check_sigterm_stops(proc, servers, timeout=15)
+
+
+def test_the_model_is_built_at_the_width_and_depth_asked_for(tmp_path):
+    """--hidden-size / --layers reach the model that is trained (one head per 64 of width, as vLLM's CPU attention
+    needs): a bigger policy for envs the 0.66M default cannot learn from its demos (TextCraft)."""
+    from transformers import AutoConfig
+
+    from tests.env_server_proc import require_venv
+
+    require_venv("babyai")
+    out = prepare_warm_start.main(["--env", "babyai", "--out", str(tmp_path), "--levels", "1", "--heldout", "2",
+                                   "--demos", "2", "--epochs", "1", "--hidden-size", "192", "--layers", "3"])
+    for folder in ("model", "model-sft"):
+        config = AutoConfig.from_pretrained(tmp_path / folder)
+        assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (192, 3, 3)
+    assert out["demos"] == 2 and out["model"] == str(tmp_path / "model-sft")
