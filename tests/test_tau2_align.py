@@ -20,7 +20,6 @@ import copy
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,22 +31,14 @@ from aiohttp import web
 
 from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode
 from tests.conftest import ROOT
-from tests.env_server_proc import EnvServerProcess, venv_python
+from tests.env_server_proc import EnvServerProcess
+from tests.tau2_checkout import NEEDS_CHECKOUT, NEEDS_VENV, TAU2_BENCH, TAU2_PYTHON, data_copy
 from tests.threaded_app import ThreadedApp
 from tests.tiny_hf import tiny_tokenizer
 
-TAU2_BENCH = os.environ.get("TAU2_BENCH_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "tau2-bench-c5b2d22")
-TAU2_PYTHON = venv_python("tau2")
 KEY = "sk-stand-in-user-key-7770456"
 MOCK_TASKS = ["create_task_1", "update_task_1"]
 
-needs_tau2 = [
-    pytest.mark.skipif(not os.path.isdir(os.path.join(TAU2_BENCH, "data", "tau2", "domains")),
-                       reason=f"no tau2-bench checkout at {TAU2_BENCH} (its data/tau2/domains): set TAU2_BENCH_DIR to "
-                              "sierra-research/tau2-bench at commit c5b2d22"),
-    pytest.mark.skipif(not os.path.exists(TAU2_PYTHON), reason=f"{TAU2_PYTHON} is absent: run `bash "
-                       "scripts/setup_env.sh tau2` (needs the tau2-bench checkout)"),
-]
 
 
 class StandInModels(ThreadedApp):
@@ -143,16 +134,8 @@ def run_script(script: str, env: dict, timeout: float = 60) -> subprocess.Comple
 # ---- the evaluation, for real, on τ²'s mock domain ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tau2_data(tmp_path_factory) -> str:
-    """tau2's data folder (TAU2_DATA_DIR): a copy of the checkout's, with a STAND-IN line for each user-simulator
-    guideline file the shared checkout lacks (a full checkout's own files are used as they are)."""
-    data = tmp_path_factory.mktemp("tau2-data")
-    shutil.copytree(os.path.join(TAU2_BENCH, "data"), data, dirs_exist_ok=True)
-    guidelines = data / "tau2" / "user_simulator"
-    guidelines.mkdir(parents=True, exist_ok=True)
-    for name in ("simulation_guidelines.md", "simulation_guidelines_tools.md"):
-        if not (guidelines / name).exists():
-            (guidelines / name).write_text("Stand-in guidelines for tests: play the customer of the scenario.\n")
-    return str(data)
+    """tau2's data folder with stand-in guidelines (tests/tau2_checkout.py), for TAU2_DATA_DIR."""
+    return data_copy(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +166,8 @@ def everything_written(results: str) -> str:
     return "\n".join(out)
 
 
-@needs_tau2[0]
-@needs_tau2[1]
+@NEEDS_CHECKOUT
+@NEEDS_VENV
 @pytest.mark.timeout(240)
 def test_tau2_run_end_to_end_then_the_scorer_and_a_rerun_that_does_not_block(models, tau2_data, tmp_path):
     results = tmp_path / "results"
@@ -240,8 +223,8 @@ def test_tau2_run_end_to_end_then_the_scorer_and_a_rerun_that_does_not_block(mod
     assert failed.returncode == 2 and "mock-t_mock.json exists" in failed.stderr
 
 
-@needs_tau2[0]
-@needs_tau2[1]
+@NEEDS_CHECKOUT
+@NEEDS_VENV
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_on_existing_resume_answers_taus_question_and_adds_nothing_twice(models, tau2_data, tmp_path):
@@ -266,8 +249,8 @@ TOOLS_TEMPLATE = (
 )
 
 
-@needs_tau2[0]
-@needs_tau2[1]
+@NEEDS_CHECKOUT
+@NEEDS_VENV
 @pytest.mark.timeout(240)
 def test_with_agent_prompt_tau2_training_prompts_the_policy_as_tau2_run_does(models, tau2_data, tmp_path,
                                                                              monkeypatch):
@@ -314,7 +297,7 @@ def test_with_agent_prompt_tau2_training_prompts_the_policy_as_tau2_run_does(mod
     assert tok.decode(engine.prompts[0]) != expected and own["reward"] == 1.0
 
 
-@needs_tau2[1]
+@NEEDS_VENV
 @pytest.mark.timeout(60)
 def test_a_tau2_checkout_at_another_commit_is_refused_and_left_alone(tmp_path):
     """tau2 records the commit of the directory it runs in: a TAU2_BENCH_DIR git checkout must be at c5b2d22."""
@@ -373,8 +356,8 @@ def test_viz_page_from_a_results_file_and_its_refusals(tmp_path):
     assert missing.returncode == 2 and "nothing-here: neither a Results file" in missing.stderr
 
 
-@needs_tau2[0]
-@needs_tau2[1]
+@NEEDS_CHECKOUT
+@NEEDS_VENV
 @pytest.mark.timeout(240)
 def test_the_policy_server_is_started_with_the_hermes_parser_and_stopped_afterwards(models, tau2_data, tmp_path):
     """MODEL_PATH set, no POLICY_BASE_URL: the script starts `vllm serve` (here a stand-in CLI that serves the
@@ -399,8 +382,8 @@ def test_the_policy_server_is_started_with_the_hermes_parser_and_stopped_afterwa
             os.killpg(pgid, signal.SIGKILL)
 
 
-@needs_tau2[0]
-@needs_tau2[1]
+@NEEDS_CHECKOUT
+@NEEDS_VENV
 @pytest.mark.timeout(240)
 def test_an_empty_policy_reply_stops_tau2_run_and_the_script_names_that_cause(models, tau2_data, tmp_path):
     """τ² at c5b2d22 raises on an agent message with neither text nor tool call and drops the whole domain (seen
@@ -455,8 +438,8 @@ if __name__ == "__main__":  # vLLM's engine processes are spawned: they import t
 """
 
 
-@needs_tau2[0]
-@needs_tau2[1]
+@NEEDS_CHECKOUT
+@NEEDS_VENV
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_real_vllm_server_with_the_hermes_parser_serves_tau2_run(models, tau2_data, tmp_path):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import time
 from typing import Iterator
@@ -35,22 +34,14 @@ from aiohttp import web
 
 from env_gateway.servers.process import log_text
 from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode
-from tests.env_server_proc import ROOT, EnvServerProcess, venv_python
+from tests.env_server_proc import ROOT, EnvServerProcess
+from tests.tau2_checkout import DOMAINS_DIR, NEEDS_CHECKOUT, NEEDS_VENV, TAU2_PYTHON, data_copy
 from tests.threaded_app import ThreadedApp
 from tests.tiny_hf import tiny_tokenizer
 
-TAU2_BENCH = os.environ.get("TAU2_BENCH_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "tau2-bench-c5b2d22")
-DOMAINS_DIR = os.path.join(TAU2_BENCH, "data", "tau2", "domains")
-TAU2_PYTHON = venv_python("tau2")
 KEY = "sk-stand-in-user-key-5550123"
 
-pytestmark = [
-    pytest.mark.skipif(not os.path.isdir(DOMAINS_DIR), reason=f"no tau2-bench checkout at {TAU2_BENCH} (its "
-                       "data/tau2/domains): set TAU2_BENCH_DIR to sierra-research/tau2-bench at commit c5b2d22"),
-    pytest.mark.skipif(not os.path.exists(TAU2_PYTHON), reason=f"{TAU2_PYTHON} is absent: run `bash "
-                       "scripts/setup_env.sh tau2` (needs the tau2-bench checkout)"),
-    pytest.mark.timeout(300),
-]
+pytestmark = [NEEDS_CHECKOUT, NEEDS_VENV, pytest.mark.timeout(300)]
 
 STOP_WORD = "goodbye"  # the stand-in user ends the conversation when the agent says it
 REFUSE = "REFUSE"  # the stand-in user model answers 401, quoting the key, when the agent's message holds it
@@ -124,23 +115,14 @@ def mid_conversation(task: dict) -> bool:
     return bool((task.get("initial_state") or {}).get("message_history"))
 
 
-GUIDELINES = ("simulation_guidelines.md", "simulation_guidelines_tools.md")
-
-
 @pytest.fixture(scope="module")
 def tau2_data(tmp_path_factory) -> Iterator[str]:
-    """tau2's data folder for the server (TAU2_DATA_DIR): a copy of the checkout's, with a STAND-IN line for each
-    user-simulator guideline file the checkout lacks."""
-    data = tmp_path_factory.mktemp("tau2-data")
-    shutil.copytree(os.path.join(TAU2_BENCH, "data"), data, dirs_exist_ok=True)
-    guidelines = data / "tau2" / "user_simulator"
-    guidelines.mkdir(parents=True, exist_ok=True)
-    for name in GUIDELINES:
-        if not (guidelines / name).exists():
-            (guidelines / name).write_text("Stand-in guidelines for tests: play the customer of the scenario.\n")
+    """tau2's data folder with stand-in guidelines (tests/tau2_checkout.py), set as TAU2_DATA_DIR for the servers
+    the tests start."""
+    data = data_copy(tmp_path_factory)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TAU2_DATA_DIR", str(data))
-        yield str(data)
+        mp.setenv("TAU2_DATA_DIR", data)
+        yield data
 
 
 @pytest.fixture(scope="module")
@@ -325,8 +307,12 @@ def test_eval_scores_a_tiny_checkpoint_with_taus_own_evaluator(tau2_data, key_fi
     (tmp_path / "items.jsonl").write_text("".join(json.dumps({"prompt": f"tau2/{i}", "label": i}) + "\n"
                                                   for i in items))
     agent_env.setenv("MAX_TURNS", "4")
+    # a τ² reset (domain, user simulator, the user's first message) took over the tests' 20 s request timeout on a
+    # loaded 2-core machine, with four at once: the gateway waits up to 120 s here, the outcome is the rewards
+    assert TEST_GATEWAY_FLAGS[0] == "--request-timeout"
+    flags = ("--request-timeout", "120", *TEST_GATEWAY_FLAGS[2:])
     with StandInUser(patience=1) as hasty, tau2_server(hasty, key_file) as server, \
-            GatewayProcess(*TEST_GATEWAY_FLAGS, envs={"tau2": server.url}) as gateway:
+            GatewayProcess(*flags, envs={"tau2": server.url}) as gateway:
         agent_env.setenv("COPE_GATEWAY_URL", gateway.url)  # main() sets it; monkeypatch puts the old value back
         report = load_script("eval").main([
             "--env", "tau2", "--model", str(tmp_path / "ckpt"), "--items", str(tmp_path / "items.jsonl"), "--k",

@@ -235,9 +235,10 @@ class _Tau2Conversation:
         self.env.set_state(initialization_data=state.initialization_data if state else None,
                            initialization_actions=state.initialization_actions if state else None, message_history=[])
         self.policy = self.env.get_policy()
-        self.tools = [t.openai_schema for t in self.env.get_tools()]
+        domain_tools = self.env.get_tools()
+        self.tools = [t.openai_schema for t in domain_tools]
         if agent_prompt == "tau2":
-            self.system_prompt = LLMAgent(tools=self.env.get_tools(), domain_policy=self.policy).system_prompt
+            self.system_prompt = LLMAgent(tools=domain_tools, domain_policy=self.policy).system_prompt
         else:
             self.system_prompt = None
             self.tools.append({"type": "function", "function": {"name": STOP_TOOL, "description": "End the "
@@ -312,6 +313,7 @@ class Episode:
     done: bool = False
     errors: int = 0
     steps: int = 0
+    offers_stop: bool = True  # the conversation's tools include STOP_TOOL (τ²'s own agent prompt has none)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -363,6 +365,7 @@ class Tau2Server:
             ep.conversation, ep.item, ep.state, ep.done, ep.errors = conversation, f"{domain}/{task_id}", first, \
                 False, 0
             ep.steps = 1  # τ²'s greeting is not a step; the user's first message is
+            ep.offers_stop = any(t.get("function", {}).get("name") == STOP_TOOL for t in conversation.tools)
         return web.json_response({"state": first, "policy": conversation.policy, "tools": conversation.tools,
                                   "system_prompt": conversation.system_prompt, "greeting": FIRST_AGENT_MESSAGE,
                                   "domain": domain, "task_id": task_id})
@@ -383,7 +386,7 @@ class Tau2Server:
             return {"state": "The conversation is over: reset to start another.", "reward": 0.0, "done": True,
                     "info": {}}
         calls, error = parse_hermes(reply)
-        if any(t.get("function", {}).get("name") == STOP_TOOL for t in ep.conversation.tools):
+        if ep.offers_stop:
             stop = any(c.name == STOP_TOOL for c in calls)
             calls = [c for c in calls if c.name != STOP_TOOL]  # a reply's other calls still run before it ends
         else:  # τ²'s default agent has no done tool: the call goes to the domain, which does not know it
