@@ -50,7 +50,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+sys.path.insert(0, ROOT)  # the repository's packages, and scripts/ as scripts.<name>
 
 # Stock GRPO, GRPO + the degenerate-group filter (the quickstart's recipe), each CoPE signal on top of that filter,
 # and all together. The signals sit on "filter", not on stock GRPO: stock GRPO's group_norm turns float rounding in
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> str:
     import matplotlib.pyplot as plt
 
     from cope_rlhf.local.env_stack import EnvStack
-    from run_report import main as run_report
+    from scripts.run_report import main as run_report
 
     rows = list(HEADER)
     fig, axes = plt.subplots(1, len(args.envs), figsize=(6 * len(args.envs), 4), squeeze=False)

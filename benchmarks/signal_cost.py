@@ -53,7 +53,7 @@ import torch
 from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+sys.path.insert(0, ROOT)  # the repository's packages, and scripts/ as scripts.<name>
 import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF importable on CPU)
 from openrlhf.models import Actor  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
@@ -69,7 +69,7 @@ from cope_rlhf.forecast import build_forecast_samples, forecast_loss  # noqa: E4
 from cope_rlhf.frozen_signals import frozen_signals  # noqa: E402
 from cope_rlhf.info_gain import position_ids_for  # noqa: E402
 from cope_rlhf.turns import unpadded_trajectories  # noqa: E402
-from make_tiny_model import build_tokenizer, trainer_text  # noqa: E402
+from scripts.make_tiny_model import build_tokenizer, trainer_text  # noqa: E402
 
 WORDS = ("you see a red ball blue key door table room cabinet drawer open closed nothing happens inventory "
          "craft stick oak planks bone move forward turn left right go to pick up toggle through").split()

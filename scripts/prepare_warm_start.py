@@ -33,9 +33,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+sys.path.insert(0, ROOT)  # run as a file, this module sees only scripts/: its siblings are imported as scripts.<name>
 
-import make_demos  # noqa: E402  (stdlib only at import: the demo policies and the episode loop)
+from scripts import make_demos  # noqa: E402  (stdlib only at import: the demo policies and the episode loop)
 
 BABYAI_LEVELS = 40
 SPLIT_SEED = 0
@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     # SIGTERM (a scheduler, kill) unwinds like Ctrl-C, so the env server below is stopped on the way out
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    from make_itemids import write_item_rows
+    from scripts.make_itemids import write_item_rows
     from cope_rlhf.local.sft import train as sft
-    from make_tiny_model import main as make_tiny_model
+    from scripts.make_tiny_model import main as make_tiny_model
     from env_gateway.servers.process import EnvServerProcess
     from tqdm import tqdm
 

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import prepare_warm_start  # noqa: E402
+from scripts import prepare_warm_start
 
 
 def test_held_out_ids_and_demos_come_from_the_whole_range_of_an_ordered_id_list():

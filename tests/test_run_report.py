@@ -2,13 +2,10 @@
 
 import json
 import math
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import run_report  # noqa: E402
+from scripts import run_report
 
 
 def test_wilson_matches_the_textbook_values():

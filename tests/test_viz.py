@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from scripts import viz_trajectories as viz
 from tests.env_server_proc import EnvServerProcess, require_venv
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import viz_trajectories as viz  # noqa: E402
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -39,7 +34,7 @@ def test_turns_of_reads_the_react_chat_with_per_turn_rewards():
 def runs(tmp_path_factory):
     """Two runs on the same five BabyAI items: the expert, and the expert stopped after one turn."""
     require_venv("babyai")
-    import make_demos as demos  # scripts/ is on sys.path
+    from scripts import make_demos as demos
 
     out = tmp_path_factory.mktemp("runs")
     (out / "trained").mkdir()
