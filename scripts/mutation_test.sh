@@ -20,8 +20,8 @@ LIB="$ROOT/.venvs/mutmut-lib"
 
 # file -> the test files that pin it (mutmut runs, per mutant, those of their tests that call the changed function;
 # tests that start the gateway or an eval as a subprocess run the mutant there too: it is chosen by an environment
-# variable the subprocess inherits). forecast.py's loss (packed_forecast_nll) is reached only through the policy
-# actor's tests (test_branches, test_temporal_ensemble: minutes each), left out here: its mutants are "no tests".
+# variable the subprocess inherits). forecast.py's loss is pinned by tests/test_forecast.py (forecast_loss and
+# packed_forecast_nll against their formulas); the policy actor's tests that also reach it take minutes each.
 declare -A TESTS=(
   [env_gateway/server.py]="tests/test_gateway.py tests/test_gateway_answers.py tests/test_gateway_cli.py
                            tests/test_gateway_adapters.py tests/test_adapters_contract.py"
