@@ -369,6 +369,9 @@ def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env,
         assert [m["role"] for m in e["messages"]] == ["user", "assistant", "user"] + ["assistant", "user"] * e["turns"]
         assert e["messages"][0]["content"] == INSTRUCTIONS["babyai"] and e["messages"][1]["content"] == ACKNOWLEDGEMENT
         assert e["messages"][2]["content"].startswith("Your goal:")  # the server's first observation
+        # every later turn: the policy's reply as it was written, then what the env showed (never empty)
+        assert all(isinstance(m["content"], str) for m in e["messages"][3::2])
+        assert all(isinstance(m["content"], str) and m["content"] for m in e["messages"][4::2])
         assert e["extra_logs"]["turns"] == e["turns"] == len(e["turn_rewards"]) and e["env"] == "babyai"
         assert all(isinstance(r, float) for r in e["turn_rewards"])
     for row in report["per_item"]:
@@ -398,6 +401,7 @@ def test_eval_takes_vllm_when_it_is_installed_else_transformers(babyai_gateway, 
     model.save_pretrained(tmp_path / "ckpt")
     tokenizer.save_pretrained(tmp_path / "ckpt")
     agent_env.setenv("MAX_TURNS", "1")
+    agent_env.chdir(tmp_path)  # eval.py finds the agent func from its own folder, not the caller's
     ev = load_script("eval")
     given = []
 
