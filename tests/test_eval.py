@@ -106,6 +106,18 @@ def test_eval_flags_their_defaults_types_and_the_required_ones(monkeypatch):
     assert load_script("eval").build_parser().parse_args(required).gateway == "http://10.0.0.5:9000"
 
 
+def tiny_checkpoint(folder) -> None:
+    """A tiny random Qwen2 (tests/tiny_hf.py) and its tokenizer saved in ``folder``, the tokenizer's end token the
+    model's."""
+    from tests.tiny_hf import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 # ---- the generation backends: HFBackend on hand-built checkpoints whose replies are known, BatchingEngine ----------
 def wired_checkpoint(path, tokenizer, next_token: dict[int, int], generation_eos) -> None:
     """A tiny Qwen2 whose greedy next token is ``next_token[current token]``: attention and MLP outputs are zero, so
@@ -182,7 +194,7 @@ def test_hf_backend_ends_each_reply_at_its_first_end_token_or_at_its_own_budget(
 def test_hf_backend_pads_a_batch_on_the_left_and_masks_the_padding(tmp_path, one_torch_thread):
     """Prompts of different lengths batched together get the replies each would get alone (a random tiny model, whose
     replies depend on every token it attends to), with the tokenizer's pad token and without one."""
-    from tests.tiny_hf import tiny_model, tiny_tokenizer
+    from tests.tiny_hf import tiny_tokenizer
 
     tok = tiny_tokenizer()
     short = tok("pick up key")["input_ids"]
@@ -190,10 +202,7 @@ def test_hf_backend_pads_a_batch_on_the_left_and_masks_the_padding(tmp_path, one
     HFBackend = load_script("eval").HFBackend
     for pad in (True, False):
         folder = tmp_path / f"pad-{pad}"
-        model = tiny_model(len(tok))
-        model.generation_config.eos_token_id = tok.eos_token_id
-        model.save_pretrained(folder)
-        tok.save_pretrained(folder)
+        tiny_checkpoint(folder)
         if not pad:
             settings = json.loads((folder / "tokenizer_config.json").read_text())
             settings["pad_token"] = None  # not just left out: Qwen2Tokenizer would default to <|endoftext|>
@@ -322,14 +331,8 @@ def agent_env(monkeypatch):
 
 
 def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env, tmp_path, capsys):
-    from tests.tiny_hf import tiny_model, tiny_tokenizer
-
     _, gateway = babyai_gateway
-    tokenizer = tiny_tokenizer()
-    model = tiny_model(len(tokenizer))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(tmp_path / "ckpt")
-    tokenizer.save_pretrained(tmp_path / "ckpt")
+    tiny_checkpoint(tmp_path / "ckpt")
     (tmp_path / "items.jsonl").write_text("".join(json.dumps({"prompt": f"babyai/{i}", "label": str(i)}) + "\n"
                                                   for i in (3, 7)))
     agent_env.setenv("MAX_TURNS", "2")
@@ -392,14 +395,8 @@ def test_eval_takes_vllm_when_it_is_installed_else_transformers(babyai_gateway, 
     gets the checkpoint, --temperature, --seed and --max-length, and the tokenizer is vLLM's own. A stand-in takes
     vLLM's place and records what it was given, playing with transformers underneath: vLLM's start alone takes over
     a minute here (the real engine: test_eval_with_the_vllm_engine, slow)."""
-    from tests.tiny_hf import tiny_model, tiny_tokenizer
-
     _, gateway = babyai_gateway
-    tokenizer = tiny_tokenizer()
-    model = tiny_model(len(tokenizer))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(tmp_path / "ckpt")
-    tokenizer.save_pretrained(tmp_path / "ckpt")
+    tiny_checkpoint(tmp_path / "ckpt")
     agent_env.setenv("MAX_TURNS", "1")
     agent_env.chdir(tmp_path)  # eval.py finds the agent func from its own folder, not the caller's
     ev = load_script("eval")
