@@ -202,8 +202,7 @@ def trajectory_gate(rewards: torch.Tensor, n: int, gate: str, threshold: float) 
         return wins
     if gate == "mixed":
         grouped = wins.reshape(-1, n)
-        mixed = grouped.any(-1, keepdim=True) & ~grouped.all(-1, keepdim=True)
-        return (grouped & mixed).reshape(-1)
+        return (grouped & ~grouped.all(-1, keepdim=True)).reshape(-1)  # a winner of a group that also lost
     raise ValueError(f"gate={gate!r}; allowed: wins, all, mixed")
 
 

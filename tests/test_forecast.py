@@ -216,3 +216,21 @@ def test_forecast_weights_gate_and_group_norm(tok):
     # gate "all": losers train the forecast, unless group norm is on (upstream: winners only)
     assert kept(CoPEConfig(action_forecast_gate="all")) == {0, 1, 2, 3}
     assert kept(CoPEConfig(action_forecast_gate="all", action_forecast_group_norm=True)) == {0, 2, 3}
+
+
+def test_forecast_weights_count_only_trajectories_that_issue_samples(tok):
+    """Without group norm each kept trajectory weighs 1; with skip-invalid, a winner whose every action was answered
+    "invalid action" issues no sample, weighs 0 and leaves its group's m_g (its group mate then weighs 1, not 1/2)."""
+    invalid_obs = [OBS[0], "Invalid action.", "Invalid action."]
+    episodes = [to_experience(agent_response(tok, obs, ACTS[:2], reward=r))
+                for obs, r in ((OBS[:3], 1.0), (invalid_obs, 1.0), (OBS[:3], 1.0), (OBS[:3], 0.0))]
+    batch = Experience.concat_experiences(episodes, tok.pad_token_id)
+    batch.index = [0, 1, 2, 3]
+
+    def weights(**flags):
+        return forecast_weights([batch], tok, CoPEConfig(action_forecast_gate="wins", **flags), n=2)[0][0].tolist()
+
+    assert weights(action_forecast_group_norm=False) == [1.0, 1.0, 1.0, 0.0]
+    assert weights(action_forecast_group_norm=True) == [0.5, 0.5, 1.0, 0.0]
+    assert weights(action_forecast_group_norm=True, action_forecast_skip_invalid=True) == [1.0, 0.0, 1.0, 0.0]
+    assert weights(action_forecast_group_norm=False, action_forecast_skip_invalid=True) == [1.0, 0.0, 1.0, 0.0]
