@@ -125,18 +125,12 @@ def wired_checkpoint(path, tokenizer, next_token: dict[int, int], generation_eos
     others at width 128), and the untied LM head holds that state in the row of the token it leads to.
     ``generation_eos`` is the config's ``eos_token_id`` (a list, one id or None)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tests.tiny_hf import pass_through_qwen2
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=False, eos_token_id=generation_eos)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
+    model = pass_through_qwen2(len(tokenizer), 128, generation_eos)
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_()
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
         model.lm_head.weight.zero_()
         for current, following in next_token.items():
             state = model.model.norm(model.model.embed_tokens.weight[current])
@@ -219,19 +213,13 @@ def two_word_checkpoint(path, tokenizer, likely: int, unlikely: int) -> None:
     whatever the context: every embedding is the ones vector, attention and MLP outputs are zero, so the last hidden
     state is ones, and each LM-head row sums to its logit. P(likely) = 1 / (1 + e^(-1/T)) at temperature T."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tests.tiny_hf import pass_through_qwen2
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id)
-    model = Qwen2ForCausalLM(config).eval()
+    model = pass_through_qwen2(len(tokenizer), 64, tokenizer.eos_token_id)
     with torch.no_grad():
         model.model.embed_tokens.weight.fill_(1.0)
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.lm_head.weight.fill_(-30.0 / config.hidden_size)
-        model.lm_head.weight[likely] = 1.0 / config.hidden_size
+        model.lm_head.weight.fill_(-30.0 / 64)
+        model.lm_head.weight[likely] = 1.0 / 64
         model.lm_head.weight[unlikely] = 0.0
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

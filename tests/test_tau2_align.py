@@ -34,7 +34,7 @@ from tests.conftest import ROOT
 from tests.env_server_proc import EnvServerProcess
 from tests.tau2_checkout import NEEDS_CHECKOUT, NEEDS_VENV, TAU2_BENCH, TAU2_PYTHON, data_copy
 from tests.threaded_app import ThreadedApp
-from tests.tiny_hf import tiny_tokenizer
+from tests.tiny_hf import pass_through_qwen2, tiny_tokenizer
 
 KEY = "sk-stand-in-user-key-7770456"
 MOCK_TASKS = ["create_task_1", "update_task_1"]
@@ -405,18 +405,11 @@ def constant_reply_checkpoint(path, tok, token: str) -> None:
     the attention and MLP outputs are zero (the last hidden state is e at every position), and the (untied) LM head
     has e in ``token``'s row and zeros elsewhere. head_dim 64, as vLLM needs."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32768,
-                         tie_word_embeddings=False, eos_token_id=tok.eos_token_id)
-    model = Qwen2ForCausalLM(config)
+    model = pass_through_qwen2(len(tok), 128, tok.eos_token_id, layers=2, max_positions=32768)
     with torch.no_grad():
-        e = torch.linspace(0.5, 1.5, config.hidden_size)
+        e = torch.linspace(0.5, 1.5, 128)
         model.model.embed_tokens.weight[:] = e
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
         model.lm_head.weight.zero_()
         model.lm_head.weight[tok.convert_tokens_to_ids(token)] = e
     model.generation_config.max_new_tokens = 24  # vLLM's default max_tokens for this model

@@ -68,6 +68,22 @@ def tiny_model(vocab_size: int, seed: int = 0, layers: int = 2) -> Qwen2ForCausa
     return model
 
 
+def pass_through_qwen2(vocab_size: int, hidden_size: int, eos_token_id, layers: int = 1,
+                       max_positions: int = 2048) -> Qwen2ForCausalLM:
+    """A tiny untied Qwen2 whose attention and MLP blocks add nothing to the residual stream (their output
+    projections are zero): the last hidden state is norm(embedding of the current token), so a test sets the replies
+    it gives through ``embed_tokens`` and ``lm_head`` alone. Heads of 64 wide, as vLLM needs."""
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=layers, num_attention_heads=hidden_size // 64, num_key_value_heads=1,
+                         max_position_embeddings=max_positions, tie_word_embeddings=False, eos_token_id=eos_token_id)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return model
+
+
 def hf_logits_fn(model):
     """Adapter: a HF causal LM as `logits_fn(sequences, attention_mask, position_ids, keep=None) -> logits` (float32;
     `keep`: the columns to compute, HF's logits_to_keep)."""
