@@ -223,10 +223,15 @@ class GatewayAgent(AgentInstanceBase):
         return done and score > 0
 
     # ---- chat formatting -------------------------------------------------------------------------
+    def first_messages(self, observation: str, info: dict) -> list[dict]:
+        """The chat that the policy's first reply answers, from the reset's observation and info: the env's
+        instruction, our acknowledgement, the observation (scripts/eval.py records these as the episode's start)."""
+        return [{"role": "user", "content": self.instruction}, {"role": "assistant", "content": ACKNOWLEDGEMENT},
+                {"role": "user", "content": observation}]
+
     def first_prompt(self, observation: str, info: dict) -> str:
-        messages = [{"role": "user", "content": self.instruction}, {"role": "assistant", "content": ACKNOWLEDGEMENT},
-                    {"role": "user", "content": observation}]
-        return self.episode.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.episode.tokenizer.apply_chat_template(self.first_messages(observation, info), tokenize=False,
+                                                          add_generation_prompt=True)
 
     def wrap_observation(self, observation: str) -> str:
         """The template's text from the end of the last reply to the start of the next, around ``observation``."""

@@ -30,10 +30,10 @@ class SciWorldAgent(GatewayAgent):
     def score(self, env_total: float, last_reward: float, done: bool) -> float:
         return binarised_sciworld_score(last_reward, done)
 
-    def first_prompt(self, observation: str, info: dict) -> str:
+    def first_messages(self, observation: str, info: dict) -> list[dict]:
         # The look alone does not say what the task is: the reset reply carries the task in its own field.
         task = info.get("task_description")
-        return super().first_prompt(f"{task}\n{observation}" if task else observation, info)
+        return super().first_messages(f"{task}\n{observation}" if task else observation, info)
 
 
 class AgentExecutor(GatewayAgentExecutor):

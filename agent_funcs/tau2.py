@@ -66,18 +66,24 @@ class Tau2Agent(GatewayAgent):
     def success(self, score: float, done: bool) -> bool:
         return done and is_success(score)
 
-    def first_prompt(self, observation: str, info: dict) -> str:
-        tok, tools = self.episode.tokenizer, info.get("tools") or []
+    def first_messages(self, observation: str, info: dict) -> list[dict]:
         if info.get("system_prompt"):  # --agent-prompt tau2: τ²'s default agent, word for word
-            system = info["system_prompt"]
             opening = [{"role": "assistant", "content": info["greeting"]}] if info.get("greeting") else []
-        else:
-            system, opening = f"{self.instruction}\n\n# Policy\n{info.get('policy', '')}", []
-        messages = [{"role": "system", "content": system}, *opening, {"role": "user", "content": observation}]
+            return [{"role": "system", "content": info["system_prompt"]}, *opening,
+                    {"role": "user", "content": observation}]
+        return [{"role": "system", "content": f"{self.instruction}\n\n# Policy\n{info.get('policy', '')}"},
+                {"role": "user", "content": observation}]
+
+    def first_prompt(self, observation: str, info: dict) -> str:
+        """``first_messages`` with the reset's tools, through the template's ``tools=``, or listed after the system
+        message when the template ignores them."""
+        tok, tools = self.episode.tokenizer, info.get("tools") or []
+        messages = self.first_messages(observation, info)
         text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
         names = [t.get("function", t).get("name", "") for t in tools]
-        if names and names[0] not in text:  # the template ignores tools=: list them ourselves
-            messages[0]["content"] = system + "\n\n# Tools\n" + "\n".join(json.dumps(t) for t in tools)
+        if names and names[0] not in text:
+            tool_list = "\n\n# Tools\n" + "\n".join(json.dumps(t) for t in tools)
+            messages[0] = {"role": "system", "content": messages[0]["content"] + tool_list}
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return text
 

@@ -30,7 +30,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a file, this module sees only scripts/: the repository's packages need the root
 
 import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF imports on CPU-only machines)
-from agent_funcs.instructions import ACKNOWLEDGEMENT  # noqa: E402
 from scripts.agent_metrics import summarize  # noqa: E402
 
 _TRACE: contextvars.ContextVar[dict] = contextvars.ContextVar("eval_trace")
@@ -129,11 +128,10 @@ def recording_executor(env: str) -> type:
     agent_cls = module.AgentExecutor.agent_cls
 
     class RecordingAgent(agent_cls):
-        def first_prompt(self, observation: str, info: dict) -> str:
-            _TRACE.get()["messages"] = [{"role": "user", "content": self.instruction},
-                                        {"role": "assistant", "content": ACKNOWLEDGEMENT},
-                                        {"role": "user", "content": observation}]
-            return super().first_prompt(observation, info)
+        def first_messages(self, observation: str, info: dict) -> list[dict]:
+            messages = super().first_messages(observation, info)
+            _TRACE.get()["messages"] = [dict(m) for m in messages]
+            return messages
 
         def result(self, observation: str, done: bool) -> dict:
             self.shown = observation

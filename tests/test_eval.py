@@ -318,6 +318,36 @@ def agent_env(monkeypatch):
     return monkeypatch
 
 
+def test_the_episodes_file_starts_with_the_chat_the_policy_answered():
+    """eval's recording agent keeps each env agent's own first messages, so the chat template over the recorded
+    messages is the policy's first prompt: ScienceWorld's task (the reset's info) before the look, τ²'s system
+    message with its policy (and, when the template ignores ``tools=``, only the prompt lists the tools)."""
+    from tests.tiny_hf import tiny_tokenizer
+
+    ev = load_script("eval")
+    tok = tiny_tokenizer()
+    look = "This room is called the kitchen."
+    tools = [{"type": "function", "function": {"name": "get_order", "parameters": {}}}]
+    cases = [("babyai", {}, look), ("sciworld", {"task_description": "Your task is to boil water."},
+                                    "Your task is to boil water.\n" + look),
+             ("tau2", {"policy": "Refund only delivered orders."}, look),
+             ("tau2", {"policy": "Refund only delivered orders.", "tools": tools}, look)]
+    for env, info, shown in cases:
+        agent_cls = ev.recording_executor(env).agent_cls
+        agent = agent_cls.__new__(agent_cls)  # no gateway session: only the prompt is built
+        agent.episode = SimpleNamespace(tokenizer=tok)
+        trace = {"messages": [], "turn_rewards": []}
+        ev._TRACE.set(trace)
+        prompt = agent.first_prompt(look, info)
+        assert trace["messages"][-1] == {"role": "user", "content": shown}, env
+        recorded = tok.apply_chat_template(trace["messages"], tokenize=False, add_generation_prompt=True)
+        if "tools" in info:
+            assert "get_order" in prompt and "get_order" not in recorded
+            assert trace["messages"][0]["content"].endswith("# Policy\nRefund only delivered orders.")
+        else:
+            assert recorded == prompt, env
+
+
 def test_eval_scores_a_tiny_checkpoint_through_babyai(babyai_gateway, agent_env, tmp_path, capsys):
     _, gateway = babyai_gateway
     tiny_checkpoint(tmp_path / "ckpt")
