@@ -6,8 +6,9 @@ agent_funcs/<env>.py`` is then all an OpenRLHF run needs. A prompt-dataset row i
 ``{"prompt": "<env>/<item_id>", "label": "<item_id>"}``.
 
 Episode contract (token in, token out: the policy's tokens are never re-tokenized):
-  first prompt  = chat_template([user: instruction, assistant: acknowledgement, user: first observation],
-                  add_generation_prompt=True)
+  first prompt  = chat_template(first_messages, add_generation_prompt=True), by default first_messages =
+                  [user: instruction, assistant: acknowledgement, user: first observation] (an env overrides
+                  ``first_messages``, e.g. SciWorld's task before the look; scripts/eval.py records them)
   feedback_t    = the template's text between an assistant reply and the next one, with the observation as the
                   user turn (``<|im_end|>\\n<|im_start|>user\\n{obs}<|im_end|>\\n<|im_start|>assistant\\n`` for
                   ChatML), minus the end-of-turn token when the sampled action already ends with it
@@ -163,7 +164,7 @@ _episode_counter = itertools.count()
 
 class GatewayAgent(AgentInstanceBase):
     """One episode of one environment, played through the gateway. Subclasses set the class attributes and may
-    override ``parse_action``, ``format_observation``, ``score`` and ``success``."""
+    override ``parse_action``, ``format_observation``, ``first_messages``, ``score`` and ``success``."""
 
     env: str = ""
     instruction: str = ""
