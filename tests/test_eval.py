@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.env_server_proc import EnvServerProcess, require_venv
+from tests.tiny_hf import tiny_checkpoint
 
 from scripts.agent_metrics import avg_at_k, pass_hat_k, summarize
 
@@ -104,18 +105,6 @@ def test_eval_flags_their_defaults_types_and_the_required_ones(monkeypatch):
         parser.parse_args(required + ["--engine", "tpu"])
     monkeypatch.setenv("COPE_GATEWAY_URL", "http://10.0.0.5:9000")  # the launchers' gateway, when they set it
     assert load_script("eval").build_parser().parse_args(required).gateway == "http://10.0.0.5:9000"
-
-
-def tiny_checkpoint(folder) -> None:
-    """A tiny random Qwen2 (tests/tiny_hf.py) and its tokenizer saved in ``folder``, the tokenizer's end token the
-    model's."""
-    from tests.tiny_hf import tiny_model, tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    model = tiny_model(len(tokenizer))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
 
 
 # ---- the generation backends: HFBackend on hand-built checkpoints whose replies are known, BatchingEngine ----------
@@ -218,8 +207,8 @@ def two_word_checkpoint(path, tokenizer, likely: int, unlikely: int) -> None:
     model = pass_through_qwen2(len(tokenizer), 64, tokenizer.eos_token_id)
     with torch.no_grad():
         model.model.embed_tokens.weight.fill_(1.0)
-        model.lm_head.weight.fill_(-30.0 / 64)
-        model.lm_head.weight[likely] = 1.0 / 64
+        model.lm_head.weight.fill_(-30.0 / model.config.hidden_size)
+        model.lm_head.weight[likely] = 1.0 / model.config.hidden_size
         model.lm_head.weight[unlikely] = 0.0
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

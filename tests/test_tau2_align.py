@@ -408,7 +408,7 @@ def constant_reply_checkpoint(path, tok, token: str) -> None:
 
     model = pass_through_qwen2(len(tok), 128, tok.eos_token_id, layers=2, max_positions=32768)
     with torch.no_grad():
-        e = torch.linspace(0.5, 1.5, 128)
+        e = torch.linspace(0.5, 1.5, model.config.hidden_size)
         model.model.embed_tokens.weight[:] = e
         model.lm_head.weight.zero_()
         model.lm_head.weight[tok.convert_tokens_to_ids(token)] = e

@@ -296,13 +296,9 @@ def test_eval_scores_a_tiny_checkpoint_with_taus_own_evaluator(tau2_data, key_fi
     from tests.agent_funcs_stack import TEST_GATEWAY_FLAGS
     from tests.gateway_proc import GatewayProcess
     from tests.test_eval import load_script
-    from tests.tiny_hf import tiny_model
+    from tests.tiny_hf import tiny_checkpoint
 
-    tokenizer = tiny_tokenizer()
-    model = tiny_model(len(tokenizer))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(tmp_path / "ckpt")
-    tokenizer.save_pretrained(tmp_path / "ckpt")
+    tiny_checkpoint(tmp_path / "ckpt")
     items = ["mock/create_task_1", "mock/create_task_1_nl_eval"]
     (tmp_path / "items.jsonl").write_text("".join(json.dumps({"prompt": f"tau2/{i}", "label": i}) + "\n"
                                                   for i in items))

@@ -68,6 +68,16 @@ def tiny_model(vocab_size: int, seed: int = 0, layers: int = 2) -> Qwen2ForCausa
     return model
 
 
+def tiny_checkpoint(folder) -> None:
+    """A tiny random Qwen2 (``tiny_model``) and the tiny tokenizer saved in ``folder``, the model's generation end
+    token the tokenizer's."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 def pass_through_qwen2(vocab_size: int, hidden_size: int, eos_token_id, layers: int = 1,
                        max_positions: int = 2048) -> Qwen2ForCausalLM:
     """A tiny untied Qwen2 whose attention and MLP blocks add nothing to the residual stream (their output
