@@ -30,7 +30,10 @@ config, held-out success before and at the last step (mean ± 95% half-width ove
 mean reaches GRPO's final mean ("never" if none), and seconds per training step (median over all steps of all
 seeds, rollout + update), then the final models' held-out evals: greedy success of the warm start → after training
 (mean ± 95% half-width over seeds) and sampled Avg@4 after training (mean reward over each item's 4 episodes, then
-over items; mean ± 95%). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM
+over items; mean ± 95%), and a second table of how the runs trained (``TRAINING``: rollout success and the env's
+rejected actions over each run's first and last 10 steps, KL to the reference over the last 10, the share of groups
+the degenerate filter took, TE's members' probability of the action taken). Each run also gets its own
+scripts/run_report.py PNG. Slow: every run starts Ray and vLLM
 (~1 min) and evaluates 400 episodes every ``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO took
 7.3 s on a 2-core host with AMX (bf16, docs/results/quickstart_diagnosis.md point 30) and ~35 s in fp32 on a 2-core
 AVX2-only EPYC (point 31), so a 60-step run takes 15 minutes to 45; the default grid is 2 envs x 7 configs x 3 seeds.
@@ -199,7 +202,8 @@ def cached(folder: str, names: list) -> list:
 
 
 def read_run(out: str) -> dict:
-    """{"eval": {step: success}, "step_s": [seconds per step]} from the run's TensorBoard events."""
+    """{"eval": {step: success}, "step_s": [seconds per step], "train": {tag: {step: value}} for the ``TRAINING``
+    tags the run logged} from the run's TensorBoard events."""
     from cope_rlhf.tb_scalars import read_scalars
 
     scalars = read_scalars(os.path.join(out, "tb"))
@@ -208,8 +212,21 @@ def read_run(out: str) -> dict:
     else:  # runs of the retired local loop: rollout and update timed apart
         rollout, update = scalars["rollout/time_s"], scalars["train/time_s"]
         step_s = [rollout[s] + update[s] for s in rollout if s in update]
-    return {"eval": scalars["eval/success_rate"], "step_s": step_s}
+    return {"eval": scalars["eval/success_rate"], "step_s": step_s,
+            "train": {tag: scalars[tag] for tag in TRAINING.values() if tag in scalars}}
 
+
+# How each run trained, from its step metrics: what a collapse shows before the held-out evals do (TE's, in
+# docs/results/quickstart_diagnosis.md points 27 and 33: its members' probability of the taken action climbs, then the
+# env rejects several times as many actions and the filter takes every group).
+TRAINING = {"success": "train/rollout/success_rate", "rejected": "train/rollout/rejected_action_rate",
+            "kl": "train/kl", "filtered": "train/cope/filtered_frac",
+            "te_member": "train/cope/te_member_first_token_prob"}
+WINDOW = 10  # steps averaged at the start and at the end of a run
+TRAINING_HEADER = [f"| env | config | seeds | rollout success, steps 1-{WINDOW} → last {WINDOW} "
+                   f"| actions the env rejected, steps 1-{WINDOW} → last {WINDOW} | kl to the reference, last {WINDOW} "
+                   "| groups the filter took, all steps | TE members' probability of the taken action's first token, "
+                   f"last {WINDOW} |", "|---|---|---|---|---|---|---|---|"]
 
 HEADER = ["| env | config | seeds | held-out success before | after the last step (mean ± 95%) "
           "| first eval step at GRPO's final | s / step | greedy success before → after (mean ± 95%) "
@@ -245,6 +262,27 @@ def summarize(env: str, runs: dict[str, list[dict]], greedy_before: float | None
     return rows, curves
 
 
+def training_rows(env: str, runs: dict[str, list[dict]]) -> list[str]:
+    """``TRAINING_HEADER``'s rows: per config, each ``TRAINING`` metric averaged over a window of each run's steps
+    (its first ``WINDOW``, its last ``WINDOW`` or all), then over the seeds; "—" where no seed logged the metric (the
+    filter's share without the filter, TE's probability without TE)."""
+    def window(config: str, name: str, part: str) -> str:
+        values = []
+        for run in runs[config]:
+            logged = run["train"].get(TRAINING[name], {})
+            steps = sorted(logged)
+            steps = {"first": steps[:WINDOW], "last": steps[-WINDOW:], "all": steps}[part]
+            if steps:
+                values.append(statistics.fmean(logged[s] for s in steps))
+        return f"{statistics.fmean(values):.3f}" if values else "—"
+
+    return [f"| {env} | {config} | {len(seeds)} | {window(config, 'success', 'first')} → "
+            f"{window(config, 'success', 'last')} | {window(config, 'rejected', 'first')} → "
+            f"{window(config, 'rejected', 'last')} | {window(config, 'kl', 'last')} "
+            f"| {window(config, 'filtered', 'all')} | {window(config, 'te_member', 'last')} |"
+            for config, seeds in runs.items()]
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=list(WARM_START), choices=list(WARM_START))
@@ -274,7 +312,7 @@ def main(argv: list[str] | None = None) -> str:
     from cope_rlhf.local.env_stack import EnvStack
     from scripts.run_report import main as run_report
 
-    rows = list(HEADER)
+    rows, trained = list(HEADER), list(TRAINING_HEADER)
     fig, axes = plt.subplots(1, len(args.envs), figsize=(6 * len(args.envs), 4), squeeze=False)
     for ax, env in zip(axes[0], args.envs):
         start = warm_start(env, args.out)
@@ -295,6 +333,7 @@ def main(argv: list[str] | None = None) -> str:
                                                                    stack.url, cached(out, args.evals))})
         env_rows, curves = summarize(env, runs, before["greedy"]["success_rate"] if "greedy" in before else None)
         rows += env_rows
+        trained += training_rows(env, runs)
         for config, (steps, means, halves) in curves.items():
             n = len(runs[config])
             ax.plot(steps, means, marker="o", label=f"{config} ({n} seed{'s' if n > 1 else ''})")
@@ -313,13 +352,14 @@ def main(argv: list[str] | None = None) -> str:
     png = os.path.join(args.out, "learning_curve.png")
     fig.savefig(png, dpi=120)
     command = "benchmarks/learning_curve.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    table = "\n".join([f"Command: `{command.strip()}`", "", *rows])
+    table = "\n".join([f"Command: `{command.strip()}`", "", *rows, "", "How the runs trained (means over each run's "
+                       "steps named, then over its seeds):", "", *trained])
     with open(os.path.join(args.out, "learning_curve.md"), "w") as f:
         f.write(table + "\n")
     print(table)
     print(f"[learning_curve] plot: {png}")
     with open(os.path.join(args.out, "learning_curve.json"), "w") as f:
-        json.dump({"args": vars(args), "table": rows}, f, indent=1)
+        json.dump({"args": vars(args), "table": rows, "training": trained}, f, indent=1)
     return png
 
 
