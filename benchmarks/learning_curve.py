@@ -77,7 +77,8 @@ TURNS = {"babyai": 3, "textcraft": 10}
 # equal, flag for flag).
 RECIPE = ["--algo.advantage.estimator", "group_norm", "--actor.loss_agg_mode", "seq-mean-token-mean",
           "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "32",
-          "--train.micro_batch_size", "8", "--rollout.micro_batch_size", "8", "--actor.adam.lr", "3e-4", "--actor.lr_warmup_ratio", "0.1",
+          "--train.micro_batch_size", "8", "--rollout.micro_batch_size", "8", "--actor.adam.lr", "3e-4",
+          "--actor.lr_warmup_ratio", "0.1",
           "--actor.lr_scheduler", "constant_with_warmup", "--algo.kl.init_coef", "0.01",
           "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--vllm.enable_prefix_caching",
           "--eval.temperature", "1.0", "--eval.n_samples_per_prompt", "2"]

@@ -194,9 +194,9 @@ def test_sigterm_stops_the_study_and_what_it_started(tmp_path):
 
     require_venv("babyai")
     with open(tmp_path / "study.log", "w") as log:
-        study = subprocess.Popen([sys.executable, "benchmarks/learning_curve.py", "--envs", "babyai", "--configs", "grpo",
-                                  "--seeds", "0", "--out", str(tmp_path / "out")], cwd=ROOT, stdout=log,
-                                 stderr=subprocess.STDOUT)
+        study = subprocess.Popen([sys.executable, "benchmarks/learning_curve.py", "--envs", "babyai",
+                                  "--configs", "grpo", "--seeds", "0", "--out", str(tmp_path / "out")],
+                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     started: list = []
     try:
         deadline = time.monotonic() + 240
