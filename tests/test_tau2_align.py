@@ -316,6 +316,7 @@ def test_a_tau2_checkout_at_another_commit_is_refused_and_left_alone(tmp_path):
     assert (checkout / "README.md").read_text() == "not tau2\n"  # the checkout is never the script's scratch space
 
 
+@NEEDS_VENV  # the script names a missing tau2 install before it reads the key (the key check needs tau2's python)
 @pytest.mark.timeout(60)
 def test_a_missing_key_file_is_named_before_tau2_runs(tmp_path):
     env = clean_env(TAG="t", POLICY_BASE_URL="http://127.0.0.1:9/v1", USER_KEY_FILE=str(tmp_path / "none"),
