@@ -13,7 +13,9 @@ import pytest
 from tests.conftest import ROOT
 from tests.env_server_proc import require_venv
 
-pytestmark = pytest.mark.timeout(900)
+# Limits that only catch a hang: the shrunk quickstart takes ~3 min alone on 2 cores (CI), and ran past 840 s beside a
+# training run and the rest of the suite (load ~10 on 2 cores)
+pytestmark = pytest.mark.timeout(1860)
 
 
 def test_the_quickstart_runs_every_stage_and_reports_before_and_after(tmp_path):
@@ -22,7 +24,7 @@ def test_the_quickstart_runs_every_stage_and_reports_before_and_after(tmp_path):
     env = {**os.environ, "QUICKSTART_DIR": str(out), "QUICKSTART_STEPS": "2", "QUICKSTART_EVAL_EVERY": "2",
            "QUICKSTART_DEMOS": "20", "QUICKSTART_HELDOUT": "8", "QUICKSTART_SKIP_SETUP": "1"}
     done = subprocess.run(["bash", "scripts/quickstart.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=840)
+                          timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for stage in ("warmstart", "train"):
         assert f"[quickstart] {stage}: done in" in done.stdout
