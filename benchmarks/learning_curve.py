@@ -11,7 +11,15 @@ quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns, held-out evals every ``-
 CoPE switches (``CONFIGS``; the forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed``
 differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study (a run
 stopped before it starts over);
-``--report-only`` trains nothing and reports the runs that finished (each config over the seeds it has).
+``--report-only`` trains nothing (not even a missing warm start) and reports the runs that finished (each config over
+the seeds it has).
+
+``--record DIR`` copies what the report reads of each finished run and of the warm start (``RECORD``: TensorBoard
+events, held-out episodes, summary, eval JSONs, the run's PNG; no trained model, no checkpoint) and what a run starts
+from (the warm start's ``model-sft``, a few MB, and its item ids) into DIR, laid out as in ``--out``.
+``--report-only --evals --out DIR`` then rebuilds the table and plot from DIR alone, in a checkout without the trained
+models; and a study moved to a new machine resumes where it stopped, from the same weights, once DIR is copied into its
+``--out`` (DIR's runs count as finished). docs/results/learning_study/ is the study's record.
 
 Once a run is trained, ``scripts/eval.py`` scores its final model (``model/``) on the env's held-out items twice, each
 with the training runs' turn limit and token budgets (``EVALS``, ``eval_command``): greedy (temperature 0, one
@@ -196,6 +204,24 @@ def evaluate(env: str, model: str, folder: str, items: str, gateway: str, names=
     return metrics
 
 
+# What the report reads of a run's folder and of the warm start's (its evals), and what a run starts from (the warm
+# start's model and item ids), relative to the folder.
+RECORD = ["tb", "ckpt/summary.json", "ckpt/eval_episodes.jsonl", "curve.png", *(file for file, _ in EVALS.values()),
+          "model-sft", "data/train.jsonl", "data/heldout.jsonl"]
+
+
+def record(folder: str, out: str, to: str) -> None:
+    """Copy each ``RECORD`` path that ``folder`` (inside ``out``) has to the same place under ``to``."""
+    for name in RECORD:
+        source = os.path.join(folder, name)
+        target = os.path.join(to, os.path.relpath(source, out))
+        if os.path.isdir(source):
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        elif os.path.isfile(source):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(source, target)
+
+
 def cached(folder: str, names: list) -> list:
     """``names``, plus every eval already cached in ``folder`` (reading it costs nothing)."""
     return [name for name, (file, _) in EVALS.items()
@@ -296,9 +322,13 @@ def main(argv: list[str] | None = None) -> str:
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
                         help="the final models' held-out evals to run (cached ones are read anyway; none: --evals)")
+    parser.add_argument("--record", help="copy what the report reads of each finished run (no models) into this "
+                                         "folder, laid out as in --out (docs/results/learning_study)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1:
         parser.error("--steps and --eval-every must be >= 1")
+    if args.record and os.path.abspath(args.record) == os.path.abspath(args.out):
+        parser.error("--record must be another folder than --out (the runs are already there)")
     # SIGTERM (a scheduler, kill) unwinds like Ctrl-C: the child running now and the evals' EnvStack are stopped on
     # the way out (without it, the study died alone and left its trainer or warm start and its gateway running)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -316,11 +346,13 @@ def main(argv: list[str] | None = None) -> str:
     rows, trained = list(HEADER), list(TRAINING_HEADER)
     fig, axes = plt.subplots(1, len(args.envs), figsize=(6 * len(args.envs), 4), squeeze=False)
     for ax, env in zip(axes[0], args.envs):
-        start = warm_start(env, args.out)
+        start = os.path.join(args.out, env, "warm_start") if args.report_only else warm_start(env, args.out)
         items = os.path.join(start, "data", "heldout.jsonl")
         runs = {}
         with EnvStack(env) as stack:  # the evals' gateway (each training run starts its own)
             before = evaluate(env, os.path.join(start, "model-sft"), start, items, stack.url, cached(start, args.evals))
+            if args.record:
+                record(start, args.out, args.record)
             for config in args.configs:
                 for seed in args.seeds:
                     out = os.path.join(args.out, env, f"{config}_seed{seed}")
@@ -328,10 +360,14 @@ def main(argv: list[str] | None = None) -> str:
                         if args.report_only:
                             continue
                         run_one(env, config, seed, start, out, args)
-                    run_report(["--ckpt", os.path.join(out, "ckpt"), "--png", os.path.join(out, "curve.png")])
+                    # --tensorboard: the summary names the folder by its path at training time, gone in a record
+                    run_report(["--ckpt", os.path.join(out, "ckpt"), "--tensorboard", os.path.join(out, "tb"),
+                                "--png", os.path.join(out, "curve.png")])
                     runs.setdefault(config, []).append({**read_run(out),
                                                         **evaluate(env, os.path.join(out, "model"), out, items,
                                                                    stack.url, cached(out, args.evals))})
+                    if args.record:
+                        record(out, args.out, args.record)
         env_rows, curves = summarize(env, runs, before["greedy"]["success_rate"] if "greedy" in before else None)
         rows += env_rows
         trained += training_rows(env, runs)

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -167,6 +168,59 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
     # filtered: 13 of 25 steps odd, so 0.5 x 13/25 = 0.26 and 0.25 x 13/25 = 0.13, mean 0.195
     assert rows[1] == "| babyai | te | 2 | 0.500 → 0.300 | 0.150 → 0.500 | 0.800 | 0.195 | 0.300 |"
     assert [row.count("|") for row in learning_curve.TRAINING_HEADER] == [rows[0].count("|")] * 2
+
+
+def test_a_record_reports_the_study_without_its_models(tmp_path):
+    """--record keeps what the report reads and the warm start, not the trained models; the report rebuilt from the
+    record alone (no eval run) is the study's own, row for row."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tests.env_server_proc import require_venv
+
+    require_venv("babyai")  # the report starts the evals' gateway and env server, as the study does
+    out, rec = tmp_path / "out", tmp_path / "record"
+    start = out / "babyai" / "warm_start"
+    (start / "model-sft").mkdir(parents=True)
+    (start / "model-sft" / "model.safetensors").write_bytes(b"weights")
+    (start / "data").mkdir()
+    (start / "data" / "heldout.jsonl").write_text('{"item_id": 7}\n{"item_id": 9}\n')
+    (start / "eval_greedy.json").write_text(json.dumps({"metrics": {"success_rate": 0.9}, "env_failures": 0}))
+    for seed, final in ((0, 0.75), (1, 0.5)):
+        run = out / "babyai" / f"grpo_seed{seed}"
+        (run / "model").mkdir(parents=True)
+        (run / "model" / "model.safetensors").write_bytes(b"weights")
+        (run / "ckpt").mkdir()
+        (run / "ckpt" / "summary.json").write_text(json.dumps({"tensorboard_dir": "/gone/tb"}))
+        with open(run / "ckpt" / "eval_episodes.jsonl", "w") as f:
+            for step, success in ((0, 0.0), (2, 1.0)):
+                for item in (7, 9):
+                    f.write(json.dumps({"step": step, "item_id": item, "success": success, "reward": success}) + "\n")
+        with SummaryWriter(str(run / "tb" / "launch1")) as writer:
+            for step in (1, 2):
+                writer.add_scalar("train/timing/step_total", 10.0 + seed, step)
+                writer.add_scalar("train/rollout/success_rate", final, step)
+            writer.add_scalar("eval/success_rate", 0.5, 0)
+            writer.add_scalar("eval/success_rate", final, 2)
+        (run / "eval_greedy.json").write_text(json.dumps({"metrics": {"success_rate": final}, "env_failures": 0}))
+    study = ["--envs", "babyai", "--configs", "grpo", "--seeds", "0", "1", "--report-only", "--evals"]
+    learning_curve.main([*study, "--out", str(out), "--record", str(rec)])
+    kept = sorted(str(p.relative_to(rec)) for p in rec.rglob("*") if p.is_file())
+    assert not [p for p in kept if "model" in p.split(os.sep)], kept  # the trained models stay behind
+    assert {"babyai/warm_start/eval_greedy.json", "babyai/warm_start/data/heldout.jsonl",
+            "babyai/warm_start/model-sft/model.safetensors",
+            "babyai/grpo_seed1/ckpt/summary.json", "babyai/grpo_seed1/ckpt/eval_episodes.jsonl",
+            "babyai/grpo_seed1/eval_greedy.json", "babyai/grpo_seed1/curve.png"} <= set(kept)
+    shutil.rmtree(rec / "babyai" / "warm_start" / "model-sft")  # the report needs no model: none is built for it
+    learning_curve.main([*study, "--out", str(rec)])
+    assert not (rec / "babyai" / "warm_start" / "model-sft").exists()
+    rows = {str(out): [], str(rec): []}
+    for folder in rows:
+        with open(os.path.join(folder, "learning_curve.json")) as f:
+            report = json.load(f)
+        rows[folder] = report["table"] + report["training"]
+    assert rows[str(rec)] == rows[str(out)]
+    assert rows[str(rec)][2] == ("| babyai | grpo | 2 | 0.500 | 0.625 ± 1.588 | 2 | 10.5 | 0.900 → 0.625 ± 1.588 "
+                                 "| not run |")
 
 
 def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
