@@ -228,6 +228,19 @@ def cached(folder: str, names: list) -> list:
             if name in names or os.path.isfile(os.path.join(folder, file))]
 
 
+# How each run trained, from its step metrics: what a collapse shows before the held-out evals do (TE's, in
+# docs/results/quickstart_diagnosis.md points 27 and 33: its members' probability of the taken action climbs, then the
+# env rejects several times as many actions and the filter takes every group).
+TRAINING = {"success": "train/rollout/success_rate", "rejected": "train/rollout/rejected_action_rate",
+            "kl": "train/kl", "filtered": "train/cope/filtered_frac",
+            "te_member": "train/cope/te_member_first_token_prob"}
+WINDOW = 10  # steps averaged at the start and at the end of a run
+TRAINING_HEADER = [f"| env | config | seeds | rollout success, steps 1-{WINDOW} → last {WINDOW} "
+                   f"| actions the env rejected, steps 1-{WINDOW} → last {WINDOW} | kl to the reference, last {WINDOW} "
+                   "| groups the filter took, all steps | TE members' probability of the taken action's first token, "
+                   f"last {WINDOW} |", "|---|---|---|---|---|---|---|---|"]
+
+
 def read_run(out: str) -> dict:
     """{"eval": {step: success}, "step_s": [seconds per step], "train": {tag: {step: value}} for the ``TRAINING``
     tags the run logged} from the run's TensorBoard events."""
@@ -242,18 +255,6 @@ def read_run(out: str) -> dict:
     return {"eval": scalars["eval/success_rate"], "step_s": step_s,
             "train": {tag: scalars[tag] for tag in TRAINING.values() if tag in scalars}}
 
-
-# How each run trained, from its step metrics: what a collapse shows before the held-out evals do (TE's, in
-# docs/results/quickstart_diagnosis.md points 27 and 33: its members' probability of the taken action climbs, then the
-# env rejects several times as many actions and the filter takes every group).
-TRAINING = {"success": "train/rollout/success_rate", "rejected": "train/rollout/rejected_action_rate",
-            "kl": "train/kl", "filtered": "train/cope/filtered_frac",
-            "te_member": "train/cope/te_member_first_token_prob"}
-WINDOW = 10  # steps averaged at the start and at the end of a run
-TRAINING_HEADER = [f"| env | config | seeds | rollout success, steps 1-{WINDOW} → last {WINDOW} "
-                   f"| actions the env rejected, steps 1-{WINDOW} → last {WINDOW} | kl to the reference, last {WINDOW} "
-                   "| groups the filter took, all steps | TE members' probability of the taken action's first token, "
-                   f"last {WINDOW} |", "|---|---|---|---|---|---|---|---|"]
 
 HEADER = ["| env | config | seeds | held-out success before | after the last step (mean ± 95%) "
           "| first eval step at GRPO's final | s / step | greedy success before → after (mean ± 95%) "
