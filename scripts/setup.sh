@@ -88,9 +88,9 @@ fi
 
 # System tools some tests and launchers use: tmux (launch_*_tmux.sh), curl (health waits), shellcheck (script
 # lint), chromium (headless render of the trajectory viewer), ip (iproute2: the two-node test's network
-# namespaces). Without them those tests skip with a reason.
+# namespaces), stress (scripts/test_under_load.sh). Without them those tests skip with a reason.
 missing=()
-for tool in tmux curl shellcheck chromium ip:iproute2; do
+for tool in tmux curl shellcheck chromium ip:iproute2 stress; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
 done
 if (( ${#missing[@]} )); then

@@ -30,7 +30,7 @@ ALL_SCRIPTS = TRAINING_SCRIPTS + sorted(
     "scripts/lib/common.sh", "scripts/lib/tmux.sh", "scripts/ray_cluster_head.sh", "scripts/ray_cluster_worker.sh",
     "scripts/sbatch_train.sh", "scripts/quickstart.sh", "scripts/setup.sh", "scripts/setup_env.sh", "scripts/test.sh",
     "scripts/gpu_smoke.sh", ".ci/run", "scripts/launch_tau2_infopo_aligned.sh", "scripts/tau2_align_eval.sh",
-    "scripts/sbatch_tau2_align.sh"]
+    "scripts/sbatch_tau2_align.sh", "scripts/test_under_load.sh"]
 COPE_VARS = [f.name.upper() for f in dataclasses.fields(CoPEConfig)]
 # a valid, non-default value for every switch
 COPE_VALUES = {"ACTION_FORECAST_ENABLE": "1", "ACTION_FORECAST_COEF": "0.05", "ACTION_FORECAST_K": "4",
