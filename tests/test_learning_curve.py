@@ -223,6 +223,28 @@ def test_a_record_reports_the_study_without_its_models(tmp_path):
                                  "| not run |")
 
 
+def test_the_published_study_report_is_what_its_record_gives(tmp_path):
+    """docs/results/learning_study/learning_curve.json (and .md, .png) is the report of the runs recorded next to it:
+    rebuilt from a copy of that record by the command it names, every row of both tables comes out the same."""
+    from tests.env_server_proc import require_venv
+
+    record = os.path.join(ROOT, "docs", "results", "learning_study")
+    with open(os.path.join(record, "learning_curve.json")) as f:
+        published = json.load(f)
+    require_venv("babyai")
+    shutil.copytree(record, tmp_path / "record")
+    args = published["args"]
+    learning_curve.main(["--envs", *args["envs"], "--configs", *args["configs"], "--seeds", *map(str, args["seeds"]),
+                         "--out", str(tmp_path / "record"), "--report-only", "--evals"])
+    with open(tmp_path / "record" / "learning_curve.json") as f:
+        rebuilt = json.load(f)
+    assert rebuilt["table"] == published["table"]
+    assert rebuilt["training"] == published["training"]
+    with open(os.path.join(record, "learning_curve.md")) as f:
+        markdown = f.read()
+    assert [row for row in published["table"] + published["training"] if row not in markdown] == []
+
+
 def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
     """A run killed mid-way left TensorBoard events; rerunning the study must not read them as part of the new run."""
     out = tmp_path / "grpo_seed0"
