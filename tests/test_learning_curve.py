@@ -170,9 +170,10 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
     assert [row.count("|") for row in learning_curve.TRAINING_HEADER] == [rows[0].count("|")] * 2
 
 
-def test_a_record_reports_the_study_without_its_models(tmp_path):
+def test_a_record_reports_the_study_without_its_models(tmp_path, monkeypatch):
     """--record keeps what the report reads and the warm start, not the trained models; the report rebuilt from the
-    record alone (no eval run) is the study's own, row for row."""
+    record alone (no eval run) is the study's own, row for row; and a study resumed from a copy of the record trains
+    and builds nothing that the record has."""
     from torch.utils.tensorboard import SummaryWriter
 
     from tests.env_server_proc import require_venv
@@ -210,6 +211,16 @@ def test_a_record_reports_the_study_without_its_models(tmp_path):
             "babyai/warm_start/model-sft/model.safetensors",
             "babyai/grpo_seed1/ckpt/summary.json", "babyai/grpo_seed1/ckpt/eval_episodes.jsonl",
             "babyai/grpo_seed1/eval_greedy.json", "babyai/grpo_seed1/curve.png"} <= set(kept)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(rec, resumed)
+
+    def nothing_to_run(cmd, log=None, env=None):
+        raise AssertionError(f"the record has this already: {cmd}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(learning_curve, "run_child", nothing_to_run)
+        learning_curve.main(["--envs", "babyai", "--configs", "grpo", "--seeds", "0", "1", "--out", str(resumed),
+                             "--evals", "greedy"])
     shutil.rmtree(rec / "babyai" / "warm_start" / "model-sft")  # the report needs no model: none is built for it
     learning_curve.main([*study, "--out", str(rec)])
     assert not (rec / "babyai" / "warm_start" / "model-sft").exists()
