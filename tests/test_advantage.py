@@ -106,6 +106,29 @@ def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_an
         assert metrics["cope/filter_kept_batch"] == 1.0 and not drops[0].any()  # no group survives: the batch stays
 
 
+def test_in_the_studys_batch_a_group_of_equal_wins_gets_the_clip_bound_and_moves_the_mean_return_by_1_25():
+    """The study's batch is 8 items x 8 samples. Row-wise in that (8, 8) layout float32 gives eight equal wins of
+    0.915625 (a reward the warm start scores on BabyAI) a std of exactly 0 and a mean one rounding step off, so
+    group_norm's advantage is -2**-24 / 1e-9 = -59.6; OpenRLHF's default ``--reward.clip_range`` (-10, 10) cuts it
+    to -10 for each of the eight. The other groups' advantages sum to 0, so the batch's mean return (what
+    ``train/return`` logs) is -10 * 8 / 64 = -1.25: the steps of 1.25 that every config's curve moves in
+    (docs/results/learning_curve_babyai_signals.md). The filter zeroes the group."""
+    generator = torch.Generator().manual_seed(0)
+    rewards = (torch.rand(8, 8, generator=generator) < 0.5).float() * 0.9
+    rewards[:, 0], rewards[:, 1] = 0.0, 0.9  # every other group has a win and a loss: std > 0, advantages sum to 0
+    rewards[3] = 0.915625
+    batch = [Experience(action_mask=torch.ones(64, 3, dtype=torch.long), rewards=rewards.reshape(-1),
+                        kl=torch.zeros(64, 3))]
+    batch[0].index = list(range(64))
+    stock_grpo(batch, n=8, reward_clip=(-10, 10))
+    returns = batch[0].info["return"]
+    assert returns[24:32].tolist() == [-10.0] * 8  # the clip bound, not a group's ~0.9
+    assert returns.abs().max().item() == 10.0 and (returns.abs() < 2.7).sum().item() == 56
+    assert returns.mean().item() == pytest.approx(-1.25, abs=1e-5)
+    filter_degenerate_groups(batch, 8)
+    assert not batch[0].advantages[24:32].any()
+
+
 def test_rounding_noise_frac_counts_only_equal_groups_with_an_inexact_mean():
     rewards = [0.951] * 8 + [1.0] * 8 + [0.0] * 7 + [1.0] + [0.25] * 8  # rounding, exact, mixed, exact (dyadic)
     batch = [Experience(action_mask=torch.ones(32, 2, dtype=torch.long), rewards=torch.tensor(rewards))]

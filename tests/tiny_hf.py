@@ -133,9 +133,10 @@ def to_experience(response: dict, max_len: int = 4096):
     return object.__new__(SamplesGenerator)._process_response_into_experience(response, max_len=max_len)
 
 
-def stock_grpo(experiences: list, n: int, kl_coef: float = 0.0) -> list:
+def stock_grpo(experiences: list, n: int, kl_coef: float = 0.0, reward_clip: tuple | None = None) -> list:
     """OpenRLHF's own GRPO advantages and returns (``RemoteExperienceMaker.compute_advantages_and_returns`` with the
-    group_norm estimator, KL in the reward at ``kl_coef``), set in place on experiences with ``index`` and ``kl``."""
+    group_norm estimator, KL in the reward at ``kl_coef``, ``--reward.clip_range`` at ``reward_clip``: None here,
+    (-10, 10) in ``train_ppo_ray``), set in place on experiences with ``index`` and ``kl``."""
     from types import SimpleNamespace
 
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
@@ -145,7 +146,7 @@ def stock_grpo(experiences: list, n: int, kl_coef: float = 0.0) -> list:
                              kl=SimpleNamespace(use_loss=kl_coef == 0.0, estimator="k1"),
                              dynamic_filtering_enable=False),
         rollout=SimpleNamespace(n_samples_per_prompt=n, max_new_tokens=None),
-        reward=SimpleNamespace(clip_range=None, overlong_buffer_len=None, stop_properly_penalty_coef=None),
+        reward=SimpleNamespace(clip_range=reward_clip, overlong_buffer_len=None, stop_properly_penalty_coef=None),
     )
     maker = RemoteExperienceMaker(None, None, None, None, SimpleNamespace(value=kl_coef), SimpleNamespace(args=args),
                                   SimpleNamespace(pad_token_id=0))
