@@ -92,6 +92,11 @@ def test_policy_moved_and_was_saved(finished_run, warm_model):
     assert 0.0 <= finished_run["eval_before"] <= 1.0 and 0.0 <= finished_run["eval_after"] <= 1.0
 
 
+def test_the_gateways_log_is_in_the_runs_ckpt_folder(finished_run, warm_model):
+    text = (warm_model / "ckpt" / "gateway.log").read_text(errors="replace")
+    assert "gateway listening on" in text and "babyai replica" in text and '"POST /step' in text, text[-2000:]
+
+
 def test_every_metric_in_tensorboard_at_every_step(finished_run, warm_model):
     found = scalars(warm_model / "tb")
     expected = ({f"train/{m}" for m in COPE_METRICS} | {f"train/rollout/{m}" for m in EPISODE_METRICS}

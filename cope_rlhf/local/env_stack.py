@@ -6,7 +6,9 @@
 ``EnvStack`` starts that as one subprocess in its own process group (the gateway starts, restarts and stops its
 replicas, each on a socket the gateway bound), reads the port the gateway bound from its log, waits until
 ``GET /v1/health`` says every env has a healthy replica (bounded), and on exit stops the whole group (SIGTERM, then
-SIGKILL after 10 s). With ``url`` given it only checks that gateway's health.
+SIGKILL after 10 s) and closes its log. The gateway's and its replicas' output goes to ``log_path`` (written anew:
+the port is read from it), else to a kept ``cope-gateway-*.log`` in the temp folder; errors name the file. With
+``url`` given it only checks that gateway's health.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def gateway_health(url: str, timeout: float = 5.0) -> Optional[dict]:
 
 
 class EnvStack:
-    def __init__(self, env: str, url: Optional[str] = None, replicas: int = 1, startup_timeout: float = 120.0):
+    def __init__(self, env: str, url: Optional[str] = None, replicas: int = 1, startup_timeout: float = 120.0,
+                 log_path: Optional[str] = None):
         self.env, self.url, self.replicas, self.startup_timeout = env, url, replicas, startup_timeout
+        self.log_path = log_path
         self.proc: Optional[subprocess.Popen] = None
         self.log = None
 
@@ -58,7 +62,11 @@ class EnvStack:
                 raise ConnectionError(f"the gateway at {self.url} is not healthy (GET /v1/health): start it, or "
                                       "drop --local.gateway_url to let the trainer start one")
             return self
-        self.log = tempfile.NamedTemporaryFile(prefix="cope-gateway-", suffix=".log", delete=False)
+        if self.log_path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
+            self.log = open(self.log_path, "w+b")  # read back for the port (log_text)
+        else:
+            self.log = tempfile.NamedTemporaryFile(prefix="cope-gateway-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         try:
@@ -71,14 +79,17 @@ class EnvStack:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=wait)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+                    try:
+                        os.killpg(self.proc.pid, sig)
+                        self.proc.wait(timeout=wait)
+                        break
+                    except ProcessLookupError:
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+        finally:
+            if self.log is not None:
+                self.log.close()

@@ -6,7 +6,8 @@ one vLLM engine and the weight broadcast after every step, exactly as on a clust
 - defaults sized for a small run (``LOCAL_DEFAULTS``) and, on a host without CUDA, the CPU preset (``CPU_PRESET``:
   sdpa attention, fp32 training (``cpu_cluster``), gloo weight sync, eager vLLM); on a CUDA host everything shares one GPU (``GPU_PRESET``);
 - ``--env E``: the agent func ``agent_funcs/E.py`` and, unless ``--local.gateway_url`` names a running one, a gateway
-  supervising E's server (``EnvStack``), whose URL reaches the rollout workers as ``COPE_GATEWAY_URL``;
+  supervising E's server (``EnvStack``, its log in ``<ckpt.path>/gateway.log``), whose URL reaches the rollout workers
+  as ``COPE_GATEWAY_URL``;
 - ``--local.steps N``: N training steps (``--data.max_samples`` = N x ``rollout.batch_size`` prompts, one pass; with
   fewer training items, several passes over the most of them that divide N into whole passes);
 - with ``--eval.dataset``: held-out evals before the first step and after the last (``--cope.eval_first_and_last``)
@@ -173,7 +174,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     step_dir = tempfile.mkdtemp(prefix="cope-local-")
     saved = dict(os.environ)
     try:
-        with EnvStack(local.env, local.gateway_url, local.env_replicas) as stack:
+        with EnvStack(local.env, local.gateway_url, local.env_replicas,
+                      log_path=os.path.join(args["ckpt.path"], "gateway.log")) as stack:
             # Ray workers (the engine's agent func) inherit this environment from the Ray that the driver starts
             os.environ.update(COPE_GATEWAY_URL=stack.url, COPE_TRAIN_STEP_FILE=os.path.join(step_dir, "train_step"),
                               RAY_ADDRESS="")
