@@ -78,7 +78,8 @@ CONFIGS = {"grpo": [], "filter": FILTER, "forecast": FILTER + FORECAST, "te": FI
 WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-hesitant",
                          "--epochs", "16"],
               # 344 training items; 200 demos x 16 epochs left the tiny model at greedy 0.03 / sampled 0.01 held-out and
-              # 0-0.02 rollout success (no room to learn), 300 x 32 at 0.07 / 0.05 and 0.13-0.34 (diagnosis point 34)
+              # 0-0.02 rollout success (no room to learn), 300 x 32 at 0.07 / 0.05 and 0.13-0.34 (diagnosis point 34);
+              # a 4.68M model (--hidden-size 256 --layers 4) scored no better (0.05 / 0.04; learning_curve_textcraft.md)
               "textcraft": ["--heldout", "100", "--demos", "300", "--epochs", "32"]}
 TURNS = {"babyai": 3, "textcraft": 10}
 # The quickstart's recipe less its CoPE switch (scripts/quickstart.sh; tests/test_learning_curve.py keeps the two
