@@ -3,13 +3,14 @@ built here, and its supervised warm start.
 
     python scripts/prepare_warm_start.py --env babyai --out DIR [--levels 1] [--heldout 200] [--demos 300]
                                          [--epochs 16] [--sft-lr 2e-3] [--sft-schedule cosine] [--seed 0]
-                                         [--sft-bf16] [--hidden-size 128] [--layers 2]
+                                         [--sft-bf16] [--hidden-size 128] [--layers 2] [--texts-per-goal 1]
 
 Starts the env's real server (``.venvs/<env>``), asks it for the train split's item ids (``GET /items``), keeps
 BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
 
     DIR/data/heldout.jsonl   ``--heldout`` of those ids, drawn by a fixed shuffle (``split_ids``): the held-out set
-    DIR/data/train.jsonl     the others, in shuffled order: RL's prompts
+    DIR/data/train.jsonl     the others, in shuffled order: RL's prompts (TextCraft with ``--texts-per-goal K``:
+                             each training goal's K texts, ids goal + 544 k, round by round: ``with_texts``)
     DIR/data/demos.jsonl     expert episodes (scripts/make_demos.py's ``episode``) of the first ``--demos`` training ids
                              (``--demo-policy view`` / ``view-random`` / ``view-hesitant``: make_demos.view_only_action
                              acts instead of the server's expert)
@@ -38,22 +39,31 @@ sys.path.insert(0, ROOT)  # run as a file, this module sees only scripts/: its s
 from scripts import make_demos  # noqa: E402  (stdlib only at import: the demo policies and the episode loop)
 
 BABYAI_LEVELS = 40
+TEXTCRAFT_GOALS = 544  # data_idx = goal + 544 k is a goal's k-th text (env_gateway/servers/textcraft.py)
 SPLIT_SEED = 0
 
 
-def split_ids(ids: list, heldout: int, demos: int) -> tuple[list, list]:
+def split_ids(ids: list, heldout: int, demos: int, texts: int = 1) -> tuple[list, list]:
     """(training ids, held-out ids): a fixed shuffle of ``ids`` (``SPLIT_SEED``, the same for every ``--seed``), whose
     first ``heldout`` are held out (returned sorted) and the rest, in shuffled order, train (demos are their first
     ``--demos``). Shuffled because an env may list its ids in order of difficulty: TextCraft's are its goals sorted by
     recipe depth, so a held-out tail was its 100 deepest goals and the demos its shallowest (greedy held-out success
-    0/100). Refuses too few ids."""
+    0/100). Refuses too few ids (``texts``: each training id stands for that many, ``with_texts``)."""
     if heldout < 1 or demos < 1:
         raise SystemExit("prepare_warm_start: --heldout and --demos must be >= 1")
-    if len(ids) < heldout + demos:
+    if (len(ids) - heldout) * texts < demos:
         raise SystemExit(f"prepare_warm_start: {len(ids)} item ids are too few for {heldout} held-out items plus "
-                         f"{demos} demos; lower --heldout / --demos or choose more --levels")
+                         f"{demos} demos; lower --heldout / --demos or choose more --levels"
+                         + (f" (each training id in {texts} texts)" if texts > 1 else ""))
     shuffled = random.Random(SPLIT_SEED).sample(ids, len(ids))
     return shuffled[heldout:], sorted(shuffled[:heldout])
+
+
+def with_texts(train: list, texts: int) -> list:
+    """TextCraft's training ids with each goal's first ``texts`` texts (id + 544 k, k < ``texts``), round by round
+    (every goal's text 0, then every goal's text 1, ...): the demos (the first ``--demos``) then show as many goals as
+    they can, each in as many texts as they can. Held-out goals stay out in every text: the split is by goal."""
+    return [int(i) + TEXTCRAFT_GOALS * k for k in range(texts) for i in train]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -84,6 +94,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hidden-size", type=int, default=128,
                         help="the model's width, a multiple of 64 (default 128: the quickstart's 0.66M parameters)")
     parser.add_argument("--layers", type=int, default=2, help="the model's decoder layers (default 2)")
+    parser.add_argument("--texts-per-goal", type=int, default=1,
+                        help="TextCraft only: train on each training goal in this many texts (other distractors, "
+                             "another line order; default 1, AgentGym's one text per goal), so that demos show a goal "
+                             "read from lists that differ; held-out goals keep their one AgentGym text")
     args = parser.parse_args(argv)
     if args.hidden_size < 64 or args.hidden_size % 64 or args.layers < 1:
         parser.error(f"--hidden-size must be a positive multiple of 64 (vLLM's CPU attention needs 64 per head) and "
@@ -93,6 +107,9 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error("--levels is BabyAI's (item id mod 40 + 1 is the level)")
         if not all(1 <= n <= BABYAI_LEVELS for n in args.levels):
             parser.error(f"--levels are 1-{BABYAI_LEVELS}, got {args.levels}")
+    if args.texts_per_goal < 1 or (args.texts_per_goal > 1 and args.env != "textcraft"):
+        parser.error(f"--texts-per-goal is TextCraft's (ids past its 544 goals are other texts of a goal) and >= 1, "
+                     f"got {args.texts_per_goal} for {args.env}")
     if args.demo_policy != "expert" and args.env != "babyai":
         parser.error(f"--demo-policy {args.demo_policy} is BabyAI's (it reads BabyAI's goal line and action list)")
 
@@ -111,7 +128,9 @@ def main(argv: list[str] | None = None) -> dict:
         ids = make_demos.ok(server.url, "GET", "/items?split=train")["item_ids"]
         if args.levels:
             ids = [i for i in ids if int(i) % BABYAI_LEVELS + 1 in args.levels]
-        train, heldout = split_ids(ids, args.heldout, args.demos)
+        train, heldout = split_ids(ids, args.heldout, args.demos, args.texts_per_goal)
+        if args.texts_per_goal > 1:
+            train = with_texts(train, args.texts_per_goal)
         write_item_rows(os.path.join(data, "train.jsonl"), args.env, train)
         write_item_rows(os.path.join(data, "heldout.jsonl"), args.env, heldout)
         print(f"[warm start] {len(train)} training and {len(heldout)} held-out item ids -> {data}", flush=True)

@@ -33,6 +33,8 @@ def test_too_few_ids_for_the_request_is_a_clear_error():
     (["--env", "textcraft", "--out", "x", "--demo-policy", "view"], "--demo-policy view is BabyAI's"),
     (["--env", "textcraft", "--out", "x", "--hidden-size", "100"], "--hidden-size must be a positive multiple of 64"),
     (["--env", "textcraft", "--out", "x", "--layers", "0"], "--layers >= 1, got 128 and 0"),
+    (["--env", "babyai", "--out", "x", "--texts-per-goal", "2"], "--texts-per-goal is TextCraft's"),
+    (["--env", "textcraft", "--out", "x", "--texts-per-goal", "0"], "and >= 1, got 0 for textcraft"),
 ])
 def test_levels_are_checked_before_anything_starts(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -76,3 +78,18 @@ def test_the_model_is_built_at_the_width_and_depth_asked_for(tmp_path):
         config = AutoConfig.from_pretrained(tmp_path / folder)
         assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (192, 3, 3)
     assert out["demos"] == 2 and out["model"] == str(tmp_path / "model-sft")
+
+
+def test_texts_per_goal_trains_on_other_texts_of_training_goals_only():
+    """--texts-per-goal K (TextCraft): the training ids are every training goal's texts 0..K-1 (goal + 544 k), round
+    by round so that the demos span the goals first; no text of a held-out goal is trained on; the demo count may
+    exceed the goals, up to K per goal."""
+    ids = list(range(0, 444))
+    train, heldout = prepare_warm_start.split_ids(ids, heldout=100, demos=1000, texts=3)
+    texts = prepare_warm_start.with_texts(train, 3)
+    assert len(texts) == 3 * 344 and len(set(texts)) == len(texts)
+    assert {i % 544 for i in texts} == set(train) and not {i % 544 for i in texts} & set(heldout)
+    assert [i // 544 for i in texts] == [0] * 344 + [1] * 344 + [2] * 344  # demos (the first 1000) see every goal
+    assert texts[:344] == train
+    with pytest.raises(SystemExit, match="too few for 100 held-out items plus 1100 demos.*in 3 texts"):
+        prepare_warm_start.split_ids(ids, heldout=100, demos=1100, texts=3)

@@ -58,13 +58,29 @@ def test_fifty_concurrent_sessions_follow_their_own_items(server):
     check_no_cross_talk(server, list(range(0, 544, 11)), steps=3)
 
 
+def test_an_id_past_the_goals_is_another_text_of_the_same_goal(server):
+    """data_idx = goal + 544 k is the goal's k-th text: the same goal and required recipes among other distractors
+    in another order, and the expert still crafts it; k = 0 is AgentGym's text (tests/test_parity_textcraft.py)."""
+    for goal_index in (300, 466):  # goals whose distractor pools hold more than 10 recipes
+        firsts = [expert_episode(server, goal_index + 544 * k, max_turns=0)[0] for k in range(4)]
+        assert len({f["goal"] for f in firsts}) == 1
+        lines = [f["observation"].split("\n\n")[0].split("\n")[1:] for f in firsts]
+        assert len({tuple(x) for x in lines}) == 4  # four different texts
+        assert len({frozenset(x) for x in lines}) > 1  # not only reordered: other distractors too
+        required = frozenset.intersection(*map(frozenset, lines))
+        assert all(len(x) - len(required) <= 10 for x in lines)  # the required lines plus at most 10 distractors
+        steps = expert_episode(server, goal_index + 544 * 3, max_turns=100)[1]
+        assert steps[-1][1]["reward"] == 1 and steps[-1][1]["done"] is True
+
+
 def test_same_item_same_first_observation_across_restarts(server):
     require_venv("textcraft")
-    ids = [0, 77, 543]
+    ids = [0, 77, 543, 300 + 544 * 3]
     firsts = [expert_episode(server, i, max_turns=0)[0] for i in ids]
     with EnvServerProcess("textcraft") as other:
         assert [expert_episode(other, i, max_turns=0)[0] for i in ids] == firsts
-    assert len({f["goal"] for f in firsts}) == 3
+    assert len({f["goal"] for f in firsts}) == 4
+    assert firsts[3]["observation"] != expert_episode(server, 300, max_turns=0)[0]["observation"]  # its k = 0 text
 
 
 def test_item_splits_cover_the_goals_once(server):
