@@ -27,6 +27,7 @@ import time
 from typing import List, Optional, Tuple
 
 import torch
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 FIRST_REPLY = 3  # messages[3] is the agent's first action
@@ -105,7 +106,8 @@ def train(model_dir: str, demos_path: str, out: str, epochs: int, lr: float, bat
         order = sorted(random.sample(range(len(data)), len(data)), key=lambda i: len(data[i][0]))
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         random.shuffle(batches)
-        for chunk in batches:
+        # an epoch of TextCraft's 1032 demos is minutes long on 2 cores: show it moving
+        for chunk in tqdm(batches, desc=f"[sft] epoch {epoch + 1}/{epochs}", mininterval=10, leave=False):
             with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=bf16):
                 nll, n = batch_loss(model, [data[i] for i in chunk], tokenizer.pad_token_id)
             (nll / n).backward()
