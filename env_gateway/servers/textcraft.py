@@ -7,16 +7,17 @@ Contract (checked against AgentGym's server by tests/test_parity_textcraft.py):
 - Goals: every item with a recipe (minimum recipe depth >= 1: 544 goals), in load order, stably sorted by depth,
   shallowest first; ``data_idx`` >= 0 -> ``GOALS[data_idx % 544]``. Item ids 0..543 are all distinct goals.
 - Texts of a goal: ``data_idx = goal + 544 * k`` is the goal's k-th text. k = 0 (ids 0..543) is AgentGym's text;
-  k >= 1 draws the distractors and the line order with an RNG seeded with ``(42, k)`` instead of 42, so one goal has
-  many texts (the same required recipes, other distractors, another order). AgentGym's server shows the k = 0 text
-  for every k; ids >= 544 are this server's addition, which the splits (``GET /items``) never list and a user asks
-  for by id (``scripts/prepare_warm_start.py --texts-per-goal``: demos that show a goal in several texts).
+  k >= 1 draws the distractors and the line order with an RNG seeded with the string ``"42/<k>"`` instead of 42, so
+  one goal has many texts (the same required recipes, other distractors, another order). AgentGym's server shows the
+  k = 0 text for every k; ids >= 544 are this server's addition, which the splits (``GET /items``) never list and a
+  user asks for by id (``scripts/prepare_warm_start.py --texts-per-goal``: demos that show a goal in several texts).
 - First observation: ``"Crafting commands:\\n<lines>\\n\\nGoal: craft <goal>."``. The lines are every recipe met on a
   walk down the goal's recipe tree (all recipes of an item, then, recipe by recipe and ingredient by ingredient, the
   ingredients' trees; an item already on the current path is not entered again), plus up to 10 distractors, in a
   shuffled order. The distractor pool: for each recipe the walk met, in walk order with repeats, and each of its
   ingredients, up to 10 recipes drawn from those that use the ingredient, by an RNG seeded with 42 for every item
-  (ids >= 544: see "Texts of a goal"); minus the required recipes. 10 of the pool are drawn and the lines shuffled by the same RNG.
+  (ids >= 544: see "Texts of a goal"); minus the required recipes. 10 of the pool are drawn and the lines shuffled
+  by the same RNG.
 - Steps: the package's own ``TextCraft.step``, whose texts and rules are AgentGym's: ``get <n> <item>`` -> ``Got <n>
   <item>`` (base items only), ``craft <n> <item> using <n> <item>, ...`` -> ``Crafted <n> minecraft:<item_id>``
   (the count is the recipe's; ingredients must be named concretely), ``inventory`` -> ``Inventory: [<item>] (<n>)
