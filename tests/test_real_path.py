@@ -109,9 +109,13 @@ def test_zero2_every_signal_weights_reach_vllm_and_resume(warm_model, gateway, t
     assert {"global_step1", "global_step2", "latest"} <= set(os.listdir(tmp_path / "ckpt" / "_actor"))
     assert os.path.isfile(tmp_path / "model" / "model.safetensors")
 
-    first_launch = set(os.listdir(tmp_path / "tb"))
-    run_cli(cli_argv(model, tmp_path, 2, 3, "--ckpt.load_enable"), gateway.url, tmp_path / "resume.log")
-    resumed = train_scalars(tmp_path / "tb", sorted(set(os.listdir(tmp_path / "tb")) - first_launch))
+    # The resume logs to its own folder: OpenRLHF names a launch's folder by the minute it started (ppo_MMDDTHH:MM),
+    # so a resume in the first launch's minute wrote into that launch's folder, and this test, which looked for a new
+    # folder, found none (a fresh-clone CI run, 2026-12-04)
+    resume_tb = str(tmp_path / "tb_resume")
+    run_cli(cli_argv(model, tmp_path, 2, 3, "--ckpt.load_enable", "--logger.tensorboard_dir", resume_tb),
+            gateway.url, tmp_path / "resume.log")
+    resumed = train_scalars(resume_tb)
     for tag in COPE_TAGS | {"policy_loss", "vllm_kl"}:
         assert sorted(resumed[tag]) == [3], tag  # the resumed run went on at step 3
     assert abs(resumed["vllm_kl"][3]) < VLLM_KL_BOUND  # the restored weights reached vLLM before it sampled
