@@ -1,16 +1,17 @@
 """The learning study: stock GRPO against each CoPE signal, over seeds and envs, from one warm start per env.
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
-        [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--out runs/learning_curve]
+        [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI:
 the quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model
 and its SFT) unless ``<out>/<env>/warm_start/model-sft``
 exists. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that model: the
-quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns, held-out evals every ``--eval-every`` steps, and only the
-CoPE switches (``CONFIGS``; the forecast in joint mode, docs/results/quickstart_diagnosis.md) and ``--train.seed``
-differing. A run whose ``summary.json`` exists is kept, so rerunning the command finishes an interrupted study (a run
-stopped before it starts over);
+quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval;
+an eval cached in ``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out
+evals every ``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the forecast in joint mode,
+docs/results/quickstart_diagnosis.md) and ``--train.seed`` differing. A run whose ``summary.json`` exists is kept,
+so rerunning the command finishes an interrupted study (a run stopped before it starts over);
 ``--report-only`` trains nothing (not even a missing warm start) and reports the runs that finished (each config over
 the seeds it has).
 
@@ -144,13 +145,13 @@ def warm_start(env: str, out: str) -> str:
     return folder
 
 
-def run_one(env: str, config: str, seed: int, start: str, out: str, args) -> None:
+def run_one(env: str, config: str, seed: int, start: str, out: str, turns: int, args) -> None:
     cmd = [sys.executable, "-m", "cope_rlhf.local", "train", "--env", env,
            "--actor.model_name_or_path", os.path.join(start, "model-sft"),
            "--data.prompt_dataset", os.path.join(start, "data", "train.jsonl"),
            "--eval.dataset", os.path.join(start, "data", "heldout.jsonl"),
            "--local.steps", str(args.steps), "--eval.steps", str(args.eval_every),
-           "--local.max_turns", str(TURNS[env]), "--train.seed", str(seed),
+           "--local.max_turns", str(turns), "--train.seed", str(seed),
            "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.output_dir", os.path.join(out, "model"),
            "--ckpt.save_steps", "-1", "--logger.tensorboard_dir", os.path.join(out, "tb"), *RECIPE,
            *CONFIGS[config]]
@@ -165,9 +166,10 @@ def run_one(env: str, config: str, seed: int, start: str, out: str, args) -> Non
     print(f"[learning_curve] {env} {config} seed {seed}: {time.time() - t:.0f} s", flush=True)
 
 
-def eval_command(env: str, model: str, items: str, folder: str, name: str, gateway: str) -> tuple[list[str], dict]:
+def eval_command(env: str, model: str, items: str, folder: str, name: str, gateway: str,
+                 turns: int) -> tuple[list[str], dict]:
     """scripts/eval.py's command line for ``EVALS[name]`` of ``model`` into ``folder``, and the environment to run it in
-    (the env's training turn limit, read by the agent func as MAX_TURNS)."""
+    (the training runs' turn limit ``turns``, read by the agent func as MAX_TURNS)."""
     import torch
 
     from cope_rlhf.cpu_vllm import vllm_cpu_env
@@ -175,19 +177,20 @@ def eval_command(env: str, model: str, items: str, folder: str, name: str, gatew
     file, sampling = EVALS[name]
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "eval.py"), "--env", env, "--model", model, "--items", items,
            *sampling, *EVAL_BUDGET, *EVAL_ENGINE, "--gateway", gateway, "--out", os.path.join(folder, file)]
-    return cmd, {**os.environ, **({} if torch.cuda.is_available() else vllm_cpu_env()), "MAX_TURNS": str(TURNS[env])}
+    return cmd, {**os.environ, **({} if torch.cuda.is_available() else vllm_cpu_env()), "MAX_TURNS": str(turns)}
 
 
-def evaluate(env: str, model: str, folder: str, items: str, gateway: str, names=tuple(EVALS)) -> dict[str, dict]:
-    """Per ``EVALS`` name in ``names``, scripts/eval.py's metrics of ``model`` on ``items``; each eval runs once, its
-    JSON cached in ``folder``."""
+def evaluate(env: str, model: str, folder: str, items: str, gateway: str, turns: int,
+             names=tuple(EVALS)) -> dict[str, dict]:
+    """Per ``EVALS`` name in ``names``, scripts/eval.py's metrics of ``model`` on ``items`` at ``turns`` turns; each
+    eval runs once, its JSON cached in ``folder``."""
     metrics = {}
     for name in names:
         file = EVALS[name][0]
         path = os.path.join(folder, file)
         stem = path[:-len(".json")]
         if not os.path.isfile(path):
-            cmd, env_vars = eval_command(env, model, items, folder, name, gateway)
+            cmd, env_vars = eval_command(env, model, items, folder, name, gateway, turns)
             t = time.time()
             with open(stem + ".log", "w") as log:
                 code = run_child(cmd, log, env_vars)
@@ -320,6 +323,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--out", default="runs/learning_curve")
+    parser.add_argument("--max-turns", type=int,
+                        help="turn limit of every episode, in training and in the evals (default: TURNS per env)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
@@ -328,8 +333,8 @@ def main(argv: list[str] | None = None) -> str:
                                          "model (no trained model), into this folder, laid out as in --out "
                                          "(docs/results/learning_study)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.eval_every < 1:
-        parser.error("--steps and --eval-every must be >= 1")
+    if args.steps < 1 or args.eval_every < 1 or (args.max_turns is not None and args.max_turns < 1):
+        parser.error("--steps, --eval-every and --max-turns must be >= 1")
     if args.record and os.path.abspath(args.record) == os.path.abspath(args.out):
         parser.error("--record must be another folder than --out (the runs are already there)")
     # SIGTERM (a scheduler, kill) unwinds like Ctrl-C: the child running now and the evals' EnvStack are stopped on
@@ -351,9 +356,11 @@ def main(argv: list[str] | None = None) -> str:
     for ax, env in zip(axes[0], args.envs):
         start = os.path.join(args.out, env, "warm_start") if args.report_only else warm_start(env, args.out)
         items = os.path.join(start, "data", "heldout.jsonl")
+        turns = args.max_turns or TURNS[env]
         runs = {}
         with EnvStack(env) as stack:  # the evals' gateway (each training run starts its own)
-            before = evaluate(env, os.path.join(start, "model-sft"), start, items, stack.url, cached(start, args.evals))
+            before = evaluate(env, os.path.join(start, "model-sft"), start, items, stack.url, turns,
+                              cached(start, args.evals))
             if args.record:
                 record(start, args.out, args.record)
             for config in args.configs:
@@ -362,13 +369,13 @@ def main(argv: list[str] | None = None) -> str:
                     if not os.path.isfile(os.path.join(out, "ckpt", "summary.json")):  # not finished yet
                         if args.report_only:
                             continue
-                        run_one(env, config, seed, start, out, args)
+                        run_one(env, config, seed, start, out, turns, args)
                     # --tensorboard: the summary names the folder by its path at training time, gone in a record
                     run_report(["--ckpt", os.path.join(out, "ckpt"), "--tensorboard", os.path.join(out, "tb"),
                                 "--png", os.path.join(out, "curve.png")])
                     runs.setdefault(config, []).append({**read_run(out),
                                                         **evaluate(env, os.path.join(out, "model"), out, items,
-                                                                   stack.url, cached(out, args.evals))})
+                                                                   stack.url, turns, cached(out, args.evals))})
                     if args.record:
                         record(out, args.out, args.record)
         env_rows, curves = summarize(env, runs, before["greedy"]["success_rate"] if "greedy" in before else None)

@@ -91,7 +91,7 @@ def test_eval_commands_play_greedy_and_sampled_with_the_training_turn_limit(env)
     played = {}
     for name in learning_curve.EVALS:
         cmd, env_vars = learning_curve.eval_command(env, "/m/model", "/w/heldout.jsonl", "/r/run", name,
-                                                    "http://127.0.0.1:1")
+                                                    "http://127.0.0.1:1", learning_curve.TURNS[env])
         assert cmd[1] == os.path.join(ROOT, "scripts", "eval.py")
         args = eval_script.build_parser().parse_args(cmd[2:])
         assert (args.env, args.model, args.items, args.gateway) == (env, "/m/model", "/w/heldout.jsonl",
@@ -100,6 +100,45 @@ def test_eval_commands_play_greedy_and_sampled_with_the_training_turn_limit(env)
         assert (args.max_new_tokens, args.max_length, args.seed) == (2048, 2048, 0)  # as in training: see EVAL_BUDGET
         played[args.out] = (args.temperature, args.k)
     assert played == {"/r/run/eval_greedy.json": (0.0, 1), "/r/run/eval_sampled_k4.json": (1.0, 4)}
+
+
+@pytest.mark.parametrize("flag, turns", [([], learning_curve.TURNS["textcraft"]), (["--max-turns", "25"], 25)])
+def test_max_turns_is_the_turn_limit_of_training_and_of_every_eval(tmp_path, monkeypatch, flag, turns):
+    """--max-turns reaches the warm start's eval, each run's trainer and each run's evals alike (a study whose
+    before and after were played at different limits would compare nothing)."""
+    import cope_rlhf.local.env_stack
+
+    class NoStack:  # the evals' gateway: nothing is played here
+        url = "http://127.0.0.1:1"
+
+        def __init__(self, env):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    seen = []
+
+    def fake_train(env, config, seed, start, out, run_turns, args):
+        seen.append(("train", run_turns))
+        os.makedirs(os.path.join(out, "ckpt"))
+        with open(os.path.join(out, "ckpt", "summary.json"), "w") as f:
+            json.dump({}, f)
+
+    monkeypatch.setattr(cope_rlhf.local.env_stack, "EnvStack", NoStack)
+    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out: str(tmp_path / env / "warm_start"))
+    monkeypatch.setattr(learning_curve, "evaluate", lambda *a, **k: seen.append(("eval", a[5])) or {})
+    monkeypatch.setattr(learning_curve, "run_one", fake_train)
+    monkeypatch.setattr("scripts.run_report.main", lambda argv: None)
+    monkeypatch.setattr(learning_curve, "read_run", lambda out: {"eval": {0: 0.1}, "step_s": [1.0], "train": {}})
+    learning_curve.main(["--envs", "textcraft", "--configs", "grpo", "--seeds", "0", "--steps", "1", "--out",
+                         str(tmp_path), *flag])
+    assert seen == [("eval", turns), ("train", turns), ("eval", turns)]
+    with pytest.raises(SystemExit):
+        learning_curve.main(["--envs", "textcraft", "--max-turns", "0", "--out", str(tmp_path)])
 
 
 def test_evals_run_once_and_an_env_failure_is_not_kept(tmp_path, monkeypatch):
@@ -114,12 +153,12 @@ def test_evals_run_once_and_an_env_failure_is_not_kept(tmp_path, monkeypatch):
 
     monkeypatch.setattr(learning_curve, "run_child", fake_eval)
     with pytest.raises(RuntimeError, match="failed 3 episodes"):
-        learning_curve.evaluate("babyai", "/m", str(tmp_path), "/items.jsonl", "http://127.0.0.1:1")
+        learning_curve.evaluate("babyai", "/m", str(tmp_path), "/items.jsonl", "http://127.0.0.1:1", 3)
     assert sorted(os.listdir(tmp_path)) == ["eval_greedy.failed.json", "eval_greedy.log"]
     failures["n"] = 0
     expected = {"greedy": {"file": "eval_greedy.json"}, "sampled": {"file": "eval_sampled_k4.json"}}
-    assert learning_curve.evaluate("babyai", "/m", str(tmp_path), "/items.jsonl", "http://127.0.0.1:1") == expected
-    assert learning_curve.evaluate("babyai", "/m", str(tmp_path), "/items.jsonl", "http://127.0.0.1:1") == expected
+    assert learning_curve.evaluate("babyai", "/m", str(tmp_path), "/items.jsonl", "http://127.0.0.1:1", 3) == expected
+    assert learning_curve.evaluate("babyai", "/m", str(tmp_path), "/items.jsonl", "http://127.0.0.1:1", 3) == expected
     assert calls == ["eval_greedy.json", "eval_greedy.json", "eval_sampled_k4.json"]
 
 
@@ -269,7 +308,7 @@ def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
 
     monkeypatch.setattr(learning_curve, "run_child", fake_train)
     args = type("Args", (), {"steps": 2, "eval_every": 1})()
-    learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), args)
+    learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), 3, args)
     assert seen == [["train.log"]]
 
 
