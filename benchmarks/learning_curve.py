@@ -1,13 +1,15 @@
 """The learning study: stock GRPO against each CoPE signal, over seeds and envs, from one warm start per env.
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
-        [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--out runs/learning_curve]
+        [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--lr X] [--samples-per-prompt N]
+        [--prompts-per-step N] [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI:
 the quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model
 and its SFT) unless ``<out>/<env>/warm_start/model-sft``
 exists. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that model: the
-quickstart's recipe (``RECIPE``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval;
+quickstart's recipe (``RECIPE``; ``--lr``, ``--samples-per-prompt`` and ``--prompts-per-step`` put another value in
+place of its own, and such a study gets its own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval;
 an eval cached in ``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out
 evals every ``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the forecast in joint mode,
 docs/results/quickstart_diagnosis.md) and ``--train.seed`` differing. A run whose ``summary.json`` exists is kept,
@@ -155,6 +157,11 @@ def run_one(env: str, config: str, seed: int, start: str, out: str, turns: int, 
            "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.output_dir", os.path.join(out, "model"),
            "--ckpt.save_steps", "-1", "--logger.tensorboard_dir", os.path.join(out, "tb"), *RECIPE,
            *CONFIGS[config]]
+    # --lr / --samples-per-prompt / --prompts-per-step: that value in place of RECIPE's, the rest of it unchanged
+    for flag, value in (("--actor.adam.lr", args.lr), ("--rollout.n_samples_per_prompt", args.samples_per_prompt),
+                        ("--rollout.batch_size", args.prompts_per_step)):
+        if value is not None:
+            cmd[cmd.index(flag) + 1] = str(value)
     # A run stopped before its summary.json starts over: its TensorBoard events would mix with the new run's.
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -325,6 +332,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", default="runs/learning_curve")
     parser.add_argument("--max-turns", type=int,
                         help="turn limit of every episode, in training and in the evals (default: TURNS per env)")
+    parser.add_argument("--lr", type=float, help="the actor's learning rate (default: RECIPE's, 3e-4)")
+    parser.add_argument("--samples-per-prompt", type=int,
+                        help="episodes per prompt, GRPO's group (default: RECIPE's, 8)")
+    parser.add_argument("--prompts-per-step", type=int, help="prompts per training step (default: RECIPE's, 8)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
@@ -335,6 +346,13 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1 or (args.max_turns is not None and args.max_turns < 1):
         parser.error("--steps, --eval-every and --max-turns must be >= 1")
+    recipe = dict(zip(RECIPE, RECIPE[1:]))
+    train_batch = int(recipe["--train.batch_size"])
+    episodes = ((args.samples_per_prompt or int(recipe["--rollout.n_samples_per_prompt"]))
+                * (args.prompts_per_step or int(recipe["--rollout.batch_size"])))
+    if (args.lr is not None and args.lr <= 0) or episodes % train_batch:
+        parser.error(f"--lr must be > 0, and --samples-per-prompt x --prompts-per-step (now {episodes} episodes a "
+                     f"step) a multiple of the recipe's --train.batch_size {train_batch}")
     if args.record and os.path.abspath(args.record) == os.path.abspath(args.out):
         parser.error("--record must be another folder than --out (the runs are already there)")
     # SIGTERM (a scheduler, kill) unwinds like Ctrl-C: the child running now and the evals' EnvStack are stopped on

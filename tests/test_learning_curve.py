@@ -24,6 +24,20 @@ PER_RUN = {"--env", "--actor.model_name_or_path", "--data.prompt_dataset", "--ev
            "--logger.tensorboard_dir"}
 
 
+class NoStack:
+    """EnvStack's stand-in where no eval is played: an address nothing listens on."""
+    url = "http://127.0.0.1:1"
+
+    def __init__(self, env):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def flag_pairs(words: list[str]) -> list[str]:
     """A command line's words as "--flag value" / "--flag" strings."""
     pairs, i = [], 0
@@ -107,18 +121,6 @@ def test_max_turns_is_the_turn_limit_of_training_and_of_every_eval(tmp_path, mon
     """--max-turns reaches the warm start's eval, each run's trainer and each run's evals alike (a study whose
     before and after were played at different limits would compare nothing)."""
     import cope_rlhf.local.env_stack
-
-    class NoStack:  # the evals' gateway: nothing is played here
-        url = "http://127.0.0.1:1"
-
-        def __init__(self, env):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
 
     seen = []
 
@@ -307,9 +309,49 @@ def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
         return 0
 
     monkeypatch.setattr(learning_curve, "run_child", fake_train)
-    args = type("Args", (), {"steps": 2, "eval_every": 1})()
+    args = type("Args", (), {"steps": 2, "eval_every": 1, "lr": None, "samples_per_prompt": None,
+                             "prompts_per_step": None})()
     learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), 3, args)
     assert seen == [["train.log"]]
+
+
+@pytest.mark.parametrize("flags, changed", [
+    ([], {}),
+    (["--lr", "1e-4", "--samples-per-prompt", "16", "--prompts-per-step", "4"],
+     {"--actor.adam.lr": "0.0001", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"})])
+def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, monkeypatch, flags, changed):
+    """--lr, --samples-per-prompt and --prompts-per-step reach the trainer in place of RECIPE's value (one value per
+    flag: the trainer would take the last of two), and every other flag of the run is the recipe's."""
+    commands = []
+
+    def fake_train(cmd, log=None, env=None):
+        commands.append(cmd)
+        os.makedirs(os.path.join(cmd[cmd.index("--ckpt.path") + 1]))
+        with open(os.path.join(cmd[cmd.index("--ckpt.path") + 1], "summary.json"), "w") as f:
+            json.dump({}, f)
+        return 0
+
+    monkeypatch.setattr(learning_curve, "run_child", fake_train)
+    monkeypatch.setattr(learning_curve, "evaluate", lambda *a, **k: {})
+    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out: str(tmp_path / env / "warm_start"))
+    monkeypatch.setattr("scripts.run_report.main", lambda argv: None)
+    monkeypatch.setattr(learning_curve, "read_run", lambda out: {"eval": {0: 0.1}, "step_s": [1.0], "train": {}})
+    monkeypatch.setattr("cope_rlhf.local.env_stack.EnvStack", NoStack)
+    learning_curve.main(["--envs", "textcraft", "--configs", "grpo", "--seeds", "0", "--steps", "1", "--out",
+                         str(tmp_path), *flags])
+    (cmd,) = commands
+    recipe = dict(zip(learning_curve.RECIPE, learning_curve.RECIPE[1:]))
+    pairs = flag_pairs(cmd[3:])
+    for flag in recipe:
+        if flag.startswith("--") and not recipe[flag].startswith("--"):
+            assert [p for p in pairs if p.split()[0] == flag] == [f"{flag} {changed.get(flag, recipe[flag])}"]
+
+
+@pytest.mark.parametrize("flags", [["--lr", "0"], ["--samples-per-prompt", "4", "--prompts-per-step", "4"]])
+def test_recipe_flags_that_the_trainer_cannot_run_are_refused(tmp_path, flags, capsys):
+    with pytest.raises(SystemExit):
+        learning_curve.main(["--envs", "textcraft", "--out", str(tmp_path), *flags])
+    assert "--train.batch_size 32" in capsys.readouterr().err
 
 
 def test_sigterm_stops_the_study_and_what_it_started(tmp_path):
