@@ -275,19 +275,23 @@ def test_a_record_reports_the_study_without_its_models(tmp_path, monkeypatch):
                                  "| not run |")
 
 
-def test_the_published_study_report_is_what_its_record_gives(tmp_path):
-    """docs/results/learning_study/learning_curve.json (and .md, .png) is the report of the runs recorded next to it:
+@pytest.mark.parametrize("name", ["learning_study", "textcraft_20turns_pilot"])
+def test_the_published_study_report_is_what_its_record_gives(tmp_path, name):
+    """docs/results/<record>/learning_curve.json (and .md, .png) is the report of the runs recorded next to it:
     rebuilt from a copy of that record by the command it names, every row of both tables comes out the same."""
     from tests.env_server_proc import require_venv
 
-    record = os.path.join(ROOT, "docs", "results", "learning_study")
+    record = os.path.join(ROOT, "docs", "results", name)
     with open(os.path.join(record, "learning_curve.json")) as f:
         published = json.load(f)
-    require_venv("babyai")
-    shutil.copytree(record, tmp_path / "record")
     args = published["args"]
+    for env in args["envs"]:
+        require_venv(env)
+    shutil.copytree(record, tmp_path / "record")
+    recipe = [flag for key in ("max_turns", "lr", "samples_per_prompt", "prompts_per_step") if args.get(key)
+              for flag in ("--" + key.replace("_", "-"), str(args[key]))]
     learning_curve.main(["--envs", *args["envs"], "--configs", *args["configs"], "--seeds", *map(str, args["seeds"]),
-                         "--out", str(tmp_path / "record"), "--report-only", "--evals"])
+                         *recipe, "--out", str(tmp_path / "record"), "--report-only", "--evals"])
     with open(tmp_path / "record" / "learning_curve.json") as f:
         rebuilt = json.load(f)
     assert rebuilt["table"] == published["table"]
