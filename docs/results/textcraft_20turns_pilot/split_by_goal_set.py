@@ -28,7 +28,7 @@ def greedy(folder: str, goals: set) -> float:
 
 
 start = os.path.join(HERE, "textcraft", "warm_start")
-for run in ("grpo_seed0", "info_seed0"):
+for run in sorted(r for r in os.listdir(os.path.join(HERE, "textcraft")) if "_seed" in r):
     folder = os.path.join(HERE, "textcraft", run)
     evals = read_evals(os.path.join(folder, "ckpt", "eval_episodes.jsonl"))
     steps = sorted(evals)
