@@ -68,9 +68,9 @@ def main() -> None:
     runs = [run for record in args.records
             for run in sorted(glob.glob(os.path.join(glob.escape(record), "textcraft", "*_seed*")))]
 
+    evals_of = {run: read_evals(os.path.join(run, "ckpt", "eval_episodes.jsonl")) for run in runs}
     first = {}  # item -> step-0 outcomes over every run
-    for run in runs:
-        evals = read_evals(os.path.join(run, "ckpt", "eval_episodes.jsonl"))
+    for evals in evals_of.values():
         for i, outcomes in evals[min(evals)].items():
             first.setdefault(int(i), []).extend(outcomes)
     print(f"step-0 held-out episodes of the warm start, pooled over {len(runs)} runs:")
@@ -78,8 +78,7 @@ def main() -> None:
         won = [sum(first[i]) / len(first[i]) for i in members]
         print(f"  plan {name:>5} turns: {len(members):3d} items, success {sum(won) / max(len(won), 1):.3f}, "
               f"{sum(w == 0 for w in won)} never won in {len(first[min(members)]) if members else 0} episodes")
-    for run in runs:
-        evals = read_evals(os.path.join(run, "ckpt", "eval_episodes.jsonl"))
+    for run, evals in evals_of.items():
         low_step, high_step = min(evals), max(evals)
         print(f"{os.path.relpath(run, ROOT)}: step {low_step} -> {high_step}")
         for name, members in buckets.items():
