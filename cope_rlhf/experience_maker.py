@@ -25,6 +25,11 @@ per run) when stock group_norm meets equal rewards that it turns into rounding-m
 ``--cope.grpo_filter_degenerate``. With the filter on (and information gain off), a warning when every group was
 degenerate in ``ALL_FILTERED_WARN`` batches in a row (then every 10th): such steps have no policy-gradient term, and
 a policy that plays every prompt deterministically stays so (docs/results/quickstart_diagnosis.md point 33).
+
+``cope/kl_all_rows`` (the filter on, the KL as a loss): the mean over every row of the batch of its token-mean
+KL(rollout policy || reference), by the loss's estimator. ``train/kl`` is the loss's KL, averaged over the rows left
+in the loss; the filter takes the degenerate groups out of it, so under the filter ``train/kl`` is the drift of the
+mixed groups only. This metric is the whole batch's, the population ``train/kl`` has without the filter.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import logging
 from typing import Dict
 
 import torch
+from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from cope_rlhf.actor import FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY
@@ -79,6 +85,12 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         if self.cope.grpo_filter_degenerate:
             drops, found = filter_degenerate_groups(experiences, n)
             metrics.update(found)
+            if self.args.algo.kl.use_loss:  # train/kl then averages only the rows the filter leaves in the loss
+                kl = [compute_approx_kl(e.action_log_probs, e.base_action_log_probs,
+                                        kl_estimator=self.args.algo.kl.estimator) * e.action_mask for e in experiences]
+                tokens = torch.cat([e.action_mask.sum(-1) for e in experiences])
+                rows = torch.cat([k.sum(-1) for k in kl])[tokens > 0] / tokens[tokens > 0]
+                metrics["cope/kl_all_rows"] = float(rows.mean()) if rows.numel() else 0.0
             if not self.cope.info_gain_enable:
                 for e, drop in zip(experiences, drops):
                     e.info[FILTERED_KEY] = drop

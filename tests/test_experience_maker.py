@@ -168,6 +168,34 @@ def test_filter_zeroes_degenerate_group(groups, tok, stock, checkpoints):
     assert sorted(p for p, item in zip(rows, items) if not item.action_mask.any()) == [4, 5, 6, 7]
 
 
+def test_kl_all_rows_is_the_whole_batch_drift_when_the_filter_takes_rows_out_of_train_kl(groups, tok):
+    """With the KL as a loss, train/kl averages the rows left in the loss, and the filter takes the degenerate group
+    out: cope/kl_all_rows is the mean over all 12 rows of each row's token-mean k3 KL(rollout policy || reference)."""
+    # rollout()'s groups each play all four episodes, so every group has the same mean KL; here the degenerate
+    # group (rows 4-7) plays the one-turn episode only, so the whole batch's mean and the kept rows' mean differ
+    episodes = [EPISODES[i % len(EPISODES)] if i // N != 1 else EPISODES[1] for i in range(len(REWARDS))]
+    actor_group, ref_group = groups
+    maker = CoPEExperienceMaker(actor_group, None, None, ref_group, FixedKLController(KL_COEF), StandInStrategy(
+        cli_args("--cope.grpo_filter_degenerate", "--algo.kl.use_loss", "--algo.kl.estimator", "k3")), tok)
+    cope = maker.make_experience_batch([to_experience(agent_response(tok, *episode, reward=r))
+                                        for episode, r in zip(episodes, REWARDS)])
+    per_row = []
+    for e in cope:
+        log_ref_over_policy = e.base_action_log_probs.float() - e.action_log_probs.float()
+        k3 = log_ref_over_policy.exp() - 1 - log_ref_over_policy  # r - 1 - log r, r = p_ref / p
+        k3 = k3.clamp(max=10)  # per token, as the loss's estimator caps it (these random tiny models reach it)
+        per_row += ((k3 * e.action_mask).sum(-1) / e.action_mask.sum(-1)).tolist()
+    dropped = {p for e in cope for b, p in enumerate(e.index) if e.info[FILTERED_KEY][b]}
+    assert dropped == {4, 5, 6, 7} and len(per_row) == 12
+    kept = [k for p, k in zip([p for e in cope for p in e.index], per_row) if p not in dropped]
+    want = sum(per_row) / 12
+    assert want > 0 and abs(want - sum(kept) / len(kept)) > 1e-3  # the two populations differ here
+    for e in cope:
+        assert torch.allclose(e.info["cope/kl_all_rows"], torch.full((len(e.index),), want), rtol=1e-4)
+    without_loss = make(CoPEExperienceMaker, groups, tok, "--cope.grpo_filter_degenerate")
+    assert all("cope/kl_all_rows" not in e.info for e in without_loss)  # KL in the reward: train/kl has every row
+
+
 def through_the_actor(experiences, tok, checkpoint: str, *argv: str) -> CoPEActorPPOTrainer:
     """The maker's experiences as the CoPE policy actor trains on them: appended (its frozen signals computed under
     the weights of ``checkpoint``, the actor group's), then the info term added to the buffered items' advantages,

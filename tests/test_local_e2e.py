@@ -26,7 +26,7 @@ from tests.conftest import ROOT, level1_rows, write_jsonl
 
 RUN_TIMEOUT_S = 600
 COPE_METRICS = {
-    "cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/info_turns_scored",
+    "cope/filtered_frac", "cope/kl_all_rows", "cope/info_reward_mean", "cope/info_beta_mean", "cope/info_turns_scored",
     "cope/forecast_samples", "cope/forecast_kept_frac", "cope/forecast_loss", "cope/forecast_samples_trained",
     "cope/te_slots", "cope/te_slot_coverage", "cope/te_kl", "cope/te_member_first_token_prob",
 }
