@@ -42,8 +42,9 @@ mean reaches GRPO's final mean ("never" if none), and seconds per training step 
 seeds, rollout + update), then the final models' held-out evals: greedy success of the warm start → after training
 (mean ± 95% half-width over seeds) and sampled Avg@4 after training (mean reward over each item's 4 episodes, then
 over items; mean ± 95%), and a second table of how the runs trained (``TRAINING``: rollout success and the env's
-rejected actions over each run's first and last 10 steps, KL to the reference over the last 10, the share of groups
-the degenerate filter took, TE's members' probability of the action taken). Each run also gets its own
+rejected actions over each run's first and last 10 steps, KL to the reference over the last 10 (the loss's
+``train/kl``, which under the filter covers the mixed groups' rows only, and the whole batch's ``cope/kl_all_rows``),
+the share of groups the degenerate filter took, TE's members' probability of the action taken). Each run also gets its own
 scripts/run_report.py PNG. Slow: every run starts Ray and vLLM
 (~1 min) and evaluates 400 episodes every ``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO took
 7.3 s on a 2-core host with AMX (bf16, docs/results/quickstart_diagnosis.md point 30) and ~35 s in fp32 on a 2-core
@@ -243,13 +244,17 @@ def cached(folder: str, names: list) -> list:
 # docs/results/quickstart_diagnosis.md points 27 and 33: its members' probability of the taken action climbs, then the
 # env rejects several times as many actions and the filter takes every group).
 TRAINING = {"success": "train/rollout/success_rate", "rejected": "train/rollout/rejected_action_rate",
-            "kl": "train/kl", "filtered": "train/cope/filtered_frac",
+            "kl": "train/kl", "kl_all_rows": "train/cope/kl_all_rows", "filtered": "train/cope/filtered_frac",
             "te_member": "train/cope/te_member_first_token_prob"}
 WINDOW = 10  # steps averaged at the start and at the end of a run
+# train/kl is the KL loss's term, over the rows left in the loss: under the filter only the mixed groups' rows, so the
+# whole batch's KL (cope/kl_all_rows, logged since 02b83cd) gets its own column; "—" for runs from before it.
 TRAINING_HEADER = [f"| env | config | seeds | rollout success, steps 1-{WINDOW} → last {WINDOW} "
-                   f"| actions the env rejected, steps 1-{WINDOW} → last {WINDOW} | kl to the reference, last {WINDOW} "
+                   f"| actions the env rejected, steps 1-{WINDOW} → last {WINDOW} "
+                   f"| kl to the reference in the loss (train/kl; the filter on: its rows only), last {WINDOW} "
+                   f"| kl to the reference, every row (cope/kl_all_rows), last {WINDOW} "
                    "| groups the filter took, all steps | TE members' probability of the taken action's first token, "
-                   f"last {WINDOW} |", "|---|---|---|---|---|---|---|---|"]
+                   f"last {WINDOW} |", "|---|---|---|---|---|---|---|---|---|"]
 
 
 def read_run(out: str) -> dict:
@@ -318,6 +323,7 @@ def training_rows(env: str, runs: dict[str, list[dict]]) -> list[str]:
     return [f"| {env} | {config} | {len(seeds)} | {window(config, 'success', 'first')} → "
             f"{window(config, 'success', 'last')} | {window(config, 'rejected', 'first')} → "
             f"{window(config, 'rejected', 'last')} | {window(config, 'kl', 'last')} "
+            f"| {window(config, 'kl_all_rows', 'last')} "
             f"| {window(config, 'filtered', 'all')} | {window(config, 'te_member', 'last')} |"
             for config, seeds in runs.items()]
 

@@ -181,7 +181,7 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
     then over the seeds, read back from real TensorBoard event files; "—" for a metric no seed logged."""
     from torch.utils.tensorboard import SummaryWriter
 
-    def logged_run(folder, success, rejected, kl, filtered=None, te_member=None):
+    def logged_run(folder, success, rejected, kl, filtered=None, te_member=None, kl_all_rows=None):
         with SummaryWriter(str(tmp_path / folder / "tb" / "launch1")) as writer:
             for step in range(1, 26):  # 25 steps: the first 10 and the last 10 do not overlap
                 late = step > 15
@@ -192,6 +192,8 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
                 writer.add_scalar("train/kl", kl[late], step)
                 if filtered is not None:
                     writer.add_scalar("train/cope/filtered_frac", filtered if step % 2 else 0.0, step)
+                if kl_all_rows is not None:
+                    writer.add_scalar("train/cope/kl_all_rows", kl_all_rows[late], step)
                 if te_member is not None:
                     writer.add_scalar("train/cope/te_member_first_token_prob", te_member[late], step)
                 writer.add_scalar("train/return", 9.0, step)  # logged, but not one of the table's metrics
@@ -199,15 +201,16 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
 
     runs = {"grpo": [logged_run("grpo", success=(0.5, 0.7), rejected=(0.1, 0.05), kl=(0.0, 0.3))],
             "te": [logged_run("te0", success=(0.6, 0.2), rejected=(0.1, 0.7), kl=(0.0, 1.0), filtered=0.5,
-                              te_member=(0.001, 0.2)),
+                              te_member=(0.001, 0.2), kl_all_rows=(0.0, 0.4)),
                    logged_run("te1", success=(0.4, 0.4), rejected=(0.2, 0.3), kl=(0.0, 0.6), filtered=0.25,
                               te_member=(0.003, 0.4))]}
     assert set(runs["grpo"][0]["train"]) == {"train/rollout/success_rate", "train/rollout/rejected_action_rate",
                                              "train/kl"}
     rows = learning_curve.training_rows("babyai", runs)
-    assert rows[0] == "| babyai | grpo | 1 | 0.500 → 0.700 | 0.100 → 0.050 | 0.300 | — | — |"
-    # filtered: 13 of 25 steps odd, so 0.5 x 13/25 = 0.26 and 0.25 x 13/25 = 0.13, mean 0.195
-    assert rows[1] == "| babyai | te | 2 | 0.500 → 0.300 | 0.150 → 0.500 | 0.800 | 0.195 | 0.300 |"
+    assert rows[0] == "| babyai | grpo | 1 | 0.500 → 0.700 | 0.100 → 0.050 | 0.300 | — | — | — |"
+    # filtered: 13 of 25 steps odd, so 0.5 x 13/25 = 0.26 and 0.25 x 13/25 = 0.13, mean 0.195; the whole batch's KL:
+    # only te0 logged it (a run from before the metric has none), so its mean is te0's own, not halved by te1
+    assert rows[1] == "| babyai | te | 2 | 0.500 → 0.300 | 0.150 → 0.500 | 0.800 | 0.400 | 0.195 | 0.300 |"
     assert [row.count("|") for row in learning_curve.TRAINING_HEADER] == [rows[0].count("|")] * 2
 
 
