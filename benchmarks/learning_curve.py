@@ -44,8 +44,8 @@ seeds, rollout + update), then the final models' held-out evals: greedy success 
 over items; mean ± 95%), and a second table of how the runs trained (``TRAINING``: rollout success and the env's
 rejected actions over each run's first and last 10 steps, KL to the reference over the last 10 (the loss's
 ``train/kl``, which under the filter covers the mixed groups' rows only, and the whole batch's ``cope/kl_all_rows``),
-the share of groups the degenerate filter took, TE's members' probability of the action taken). Each run also gets its own
-scripts/run_report.py PNG. Slow: every run starts Ray and vLLM
+the share of groups the degenerate filter took, TE's members' probability of the action taken). Each run also gets
+its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM
 (~1 min) and evaluates 400 episodes every ``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO took
 7.3 s on a 2-core host with AMX (bf16, docs/results/quickstart_diagnosis.md point 30) and ~35 s in fp32 on a 2-core
 AVX2-only EPYC (point 31), so a 60-step run takes 15 minutes to 45; the default grid is 2 envs x 7 configs x 3 seeds.

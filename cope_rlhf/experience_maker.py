@@ -28,8 +28,9 @@ a policy that plays every prompt deterministically stays so (docs/results/quicks
 
 ``cope/kl_all_rows`` (the filter on, the KL as a loss): the mean over every row of the batch of its token-mean
 KL(rollout policy || reference), by the loss's estimator. ``train/kl`` is the loss's KL, averaged over the rows left
-in the loss; the filter takes the degenerate groups out of it, so under the filter ``train/kl`` is the drift of the
-mixed groups only. This metric is the whole batch's, the population ``train/kl`` has without the filter.
+in the loss; the filter takes the degenerate groups out of it (unless information gain keeps their masks or the
+batch stays whole), so under the filter ``train/kl`` is the drift of the mixed groups only. This metric is the whole
+batch's, the population ``train/kl`` has without the filter.
 """
 
 from __future__ import annotations
