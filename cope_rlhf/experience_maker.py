@@ -86,7 +86,8 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
         if self.cope.grpo_filter_degenerate:
             drops, found = filter_degenerate_groups(experiences, n)
             metrics.update(found)
-            if self.args.algo.kl.use_loss:  # train/kl then averages only the rows the filter leaves in the loss
+            # train/kl then averages only the rows the filter leaves in the loss; no reference model (KL coef 0): no KL
+            if self.args.algo.kl.use_loss and all(e.base_action_log_probs is not None for e in experiences):
                 kl = [compute_approx_kl(e.action_log_probs, e.base_action_log_probs,
                                         kl_estimator=self.args.algo.kl.estimator) * e.action_mask for e in experiences]
                 tokens = torch.cat([e.action_mask.sum(-1) for e in experiences])

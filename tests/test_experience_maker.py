@@ -194,6 +194,10 @@ def test_kl_all_rows_is_the_whole_batch_drift_when_the_filter_takes_rows_out_of_
         assert torch.allclose(e.info["cope/kl_all_rows"], torch.full((len(e.index),), want), rtol=1e-4)
     without_loss = make(CoPEExperienceMaker, groups, tok, "--cope.grpo_filter_degenerate")
     assert all("cope/kl_all_rows" not in e.info for e in without_loss)  # KL in the reward: train/kl has every row
+    # KL coefficient 0: the trainer starts no reference model, so there is no base log-prob and no KL to log
+    no_reference = CoPEExperienceMaker(actor_group, None, None, None, FixedKLController(0.0), StandInStrategy(
+        cli_args("--cope.grpo_filter_degenerate", "--algo.kl.use_loss", "--algo.kl.init_coef", "0")), tok)
+    assert all("cope/kl_all_rows" not in e.info for e in no_reference.make_experience_batch(rollout(tok)))
 
 
 def through_the_actor(experiences, tok, checkpoint: str, *argv: str) -> CoPEActorPPOTrainer:
