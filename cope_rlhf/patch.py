@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import os
+import site
 import sys
 from typing import Callable, Dict, List, Tuple
 
 from cope_rlhf import compat
 
 WORKER_SETUP_HOOK = "cope_rlhf.patch.install"
+# The directory that holds the ``cope_rlhf`` this process imported (a checkout, or site-packages).
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # (OpenRLHF module, CoPE module, {name in the OpenRLHF module: name in the CoPE module})
@@ -138,8 +142,14 @@ def apply() -> None:
 
 
 def ray_init_with_hook(ray_init: Callable) -> Callable:
-    """Wraps ``ray.init`` so that its ``runtime_env`` also carries ``WORKER_SETUP_HOOK``; everything else the
-    caller passes (OpenRLHF's ``env_vars``) is kept as is."""
+    """Wraps ``ray.init`` so that its ``runtime_env`` also carries ``WORKER_SETUP_HOOK`` and, when this process
+    imported ``cope_rlhf`` from a checkout (not site-packages), puts that checkout first on the workers'
+    ``PYTHONPATH``, ahead of the caller's; everything else the caller passes (OpenRLHF's ``env_vars``) is kept.
+
+    Why the path: Ray workers resolve ``cope_rlhf`` by the venv's install, and Ray appends the driver's directory
+    after it. Launched from a second checkout that shares a venv installed in editable mode from the first, the
+    driver ran the second checkout's code and every worker (the hook, the actors, the experience maker) the
+    first's. A checkout path that does not exist on another node is skipped by Python there."""
 
     def init(*args, **kwargs):
         runtime_env = dict(kwargs.get("runtime_env") or {})
@@ -150,6 +160,15 @@ def ray_init_with_hook(ray_init: Callable) -> Callable:
                 f"{WORKER_SETUP_HOOK!r} there (call both from one hook function)"
             )
         runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
+        # Not for a site-packages install: that directory first on PYTHONPATH would put every package ahead of
+        # the standard library.
+        if CODE_ROOT not in site.getsitepackages() + [site.getusersitepackages()]:
+            env_vars = dict(runtime_env.get("env_vars") or {})
+            # runtime_env's PYTHONPATH replaces the workers' inherited one, so the caller's is carried over.
+            callers = env_vars.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            env_vars["PYTHONPATH"] = os.pathsep.join(
+                [CODE_ROOT] + [p for p in callers.split(os.pathsep) if p and p != CODE_ROOT])
+            runtime_env["env_vars"] = env_vars
         kwargs["runtime_env"] = runtime_env
         return ray_init(*args, **kwargs)
 
