@@ -308,8 +308,9 @@ def summarize(env: str, runs: dict[str, list[dict]], greedy_before: float | None
 
 def training_rows(env: str, runs: dict[str, list[dict]]) -> list[str]:
     """``TRAINING_HEADER``'s rows: per config, each ``TRAINING`` metric averaged over a window of each run's steps
-    (its first ``WINDOW``, its last ``WINDOW`` or all), then over the seeds; "—" where no seed logged the metric (the
-    filter's share without the filter, TE's probability without TE)."""
+    (its first ``WINDOW``, its last ``WINDOW`` or all), then over the seeds that logged it; "—" where no seed logged
+    the metric (the filter's share without the filter, TE's probability without TE), "(k of n seeds)" after a mean
+    that fewer than the row's seeds logged (a metric added between the runs of one config)."""
     def window(config: str, name: str, part: str) -> str:
         values = []
         for run in runs[config]:
@@ -318,7 +319,10 @@ def training_rows(env: str, runs: dict[str, list[dict]]) -> list[str]:
             steps = {"first": steps[:WINDOW], "last": steps[-WINDOW:], "all": steps}[part]
             if steps:
                 values.append(statistics.fmean(logged[s] for s in steps))
-        return f"{statistics.fmean(values):.3f}" if values else "—"
+        if not values:
+            return "—"
+        seeds = "" if len(values) == len(runs[config]) else f" ({len(values)} of {len(runs[config])} seeds)"
+        return f"{statistics.fmean(values):.3f}{seeds}"
 
     return [f"| {env} | {config} | {len(seeds)} | {window(config, 'success', 'first')} → "
             f"{window(config, 'success', 'last')} | {window(config, 'rejected', 'first')} → "

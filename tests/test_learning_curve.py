@@ -178,7 +178,8 @@ def test_one_seed_has_no_interval():
 
 def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_events(tmp_path):
     """The second table: per config, each step metric averaged over each run's first / last 10 steps (or all of them),
-    then over the seeds, read back from real TensorBoard event files; "—" for a metric no seed logged."""
+    then over the seeds, read back from real TensorBoard event files; "—" for a metric no seed logged, and how many
+    seeds did when not all."""
     from torch.utils.tensorboard import SummaryWriter
 
     def logged_run(folder, success, rejected, kl, filtered=None, te_member=None, kl_all_rows=None):
@@ -209,8 +210,10 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
     rows = learning_curve.training_rows("babyai", runs)
     assert rows[0] == "| babyai | grpo | 1 | 0.500 → 0.700 | 0.100 → 0.050 | 0.300 | — | — | — |"
     # filtered: 13 of 25 steps odd, so 0.5 x 13/25 = 0.26 and 0.25 x 13/25 = 0.13, mean 0.195; the whole batch's KL:
-    # only te0 logged it (a run from before the metric has none), so its mean is te0's own, not halved by te1
-    assert rows[1] == "| babyai | te | 2 | 0.500 → 0.300 | 0.150 → 0.500 | 0.800 | 0.400 | 0.195 | 0.300 |"
+    # only te0 logged it (a run from before the metric has none), so its mean is te0's own, not halved by te1, and
+    # the cell says it is one seed's of the row's two
+    assert rows[1] == ("| babyai | te | 2 | 0.500 → 0.300 | 0.150 → 0.500 | 0.800 | 0.400 (1 of 2 seeds) | 0.195 "
+                       "| 0.300 |")
     assert [row.count("|") for row in learning_curve.TRAINING_HEADER] == [rows[0].count("|")] * 2
 
 
