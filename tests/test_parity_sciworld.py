@@ -112,7 +112,10 @@ def sides():
     """(built-in, AgentGym's), started together (each starts a JVM and reads the task list), one session each."""
     require_venv("sciworld")
     require_agentgym("sciworld")
-    procs = [EnvServerProcess("sciworld", "--jvms", "1"), AgentGymServer("sciworld")]
+    # AgentGym's server starts its JVM as the package does: keep the JVM's warnings off the stdout line py4j reads
+    # as the port, as the built-in server does for its own (env_gateway/servers/sciworld.py JvmPool)
+    quiet_jvm = {"JAVA_TOOL_OPTIONS": "-XX:-UsePerfData -Xlog:disable -Xlog:all=warning:stderr"}
+    procs = [EnvServerProcess("sciworld", "--jvms", "1"), AgentGymServer("sciworld", environ=quiet_jvm)]
     with contextlib.ExitStack() as stack:
         with ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(p.__enter__) for p in procs]

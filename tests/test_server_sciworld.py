@@ -166,3 +166,19 @@ def test_same_item_same_first_observation_across_restarts():
             firsts.append(fresh.ok("POST", "/reset", {"id": env_id, "data_idx": item}))
     a, b = ({**f, "observation": lines(f["observation"])} for f in firsts)
     assert a == b and a["task_name"] == "use-thermometer" and a["var_num"] == 10
+
+
+def test_a_jvm_warning_on_stdout_does_not_stop_the_server(monkeypatch):
+    """py4j reads a JVM's first stdout line as its port: a JVM warning there (seen under load: "Cannot use file
+    /tmp/hsperfdata_root/<pid> because it is locked") made the server exit at start. -XX:+UseLargePages on a machine
+    without large pages makes every JVM print such a warning."""
+    require_venv("sciworld")
+    probe = subprocess.run(["java", "-XX:+UseLargePages", "-version"], capture_output=True, text=True, timeout=60)
+    if "warning" not in probe.stdout:
+        pytest.skip("this machine's JVM prints no stdout warning for -XX:+UseLargePages (it has large pages)")
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseLargePages")
+    with EnvServerProcess("sciworld", "--jvms", "1") as fresh:
+        env_id = fresh.ok("POST", "/create")["id"]
+        first = fresh.ok("POST", "/reset", {"id": env_id, "data_idx": FIND_LIVING_THING})
+    assert first["task_name"] == "find-living-thing" and first["var_num"] == 0
+

@@ -114,8 +114,12 @@ class JvmPool:
     def __init__(self, size: int, step_limit: int, heap: str = "512m"):
         # The package starts each JVM itself, with Java's default heap cap (a quarter of the machine's memory):
         # under many sessions a JVM grew past 1.5 GB. JAVA_TOOL_OPTIONS reaches the JVMs it starts.
-        java_opts = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} -Xmx{heap} -XX:+UseSerialGC"
-        os.environ["JAVA_TOOL_OPTIONS"] = java_opts.strip()
+        # py4j reads the JVM's first stdout line as its port, and the JVM logs its warnings to stdout (under load:
+        # "Cannot use file /tmp/hsperfdata_root/<pid> because it is locked"), so the JVM keeps no perf-data file
+        # and logs warnings to stderr; the user's options come after, so their own -Xlog outputs still apply.
+        quiet_stdout = "-XX:-UsePerfData -Xlog:disable -Xlog:all=warning:stderr"
+        java_opts = f"{quiet_stdout} {os.environ.get('JAVA_TOOL_OPTIONS', '')} -Xmx{heap} -XX:+UseSerialGC"
+        os.environ["JAVA_TOOL_OPTIONS"] = " ".join(java_opts.split())
         with ThreadPoolExecutor(size) as starter:  # each JVM takes ~1 s to start: start them together
             self.jvms = list(starter.map(lambda _: Jvm(ScienceWorldEnv("", envStepLimit=step_limit)), range(size)))
         self.free = list(self.jvms)
