@@ -181,4 +181,3 @@ def test_a_jvm_warning_on_stdout_does_not_stop_the_server(monkeypatch):
         env_id = fresh.ok("POST", "/create")["id"]
         first = fresh.ok("POST", "/reset", {"id": env_id, "data_idx": FIND_LIVING_THING})
     assert first["task_name"] == "find-living-thing" and first["var_num"] == 0
-
