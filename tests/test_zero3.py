@@ -21,7 +21,6 @@ import cope_rlhf.compat  # noqa: F401  (first: the spawned ranks import this mod
 
 import copy
 import os
-import socket
 import time
 from datetime import timedelta
 
@@ -113,10 +112,9 @@ class ZeroStrategy(StandInStrategy):
     world_size = RANKS
 
 
-def run_rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
+def run_rank(rank: int, model_dir: str, out_dir: str) -> None:
     """One ZeRO-3 rank (a spawned process): its CoPE calls' results into ``out_dir/rank<rank>.pt``."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(RANKS))
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(RANKS))
     torch.set_num_threads(1)
     torch.cuda.current_device = lambda: "cpu"  # DeepspeedStrategy.all_reduce moves CPU tensors to this device
     import deepspeed
@@ -124,7 +122,10 @@ def run_rank(rank: int, model_dir: str, port: int, out_dir: str) -> None:
     # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (C++, ~90 s on 2 cores) that only tensor-parallel
     # inference uses; ZeRO-3's gathers go through gloo either way
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    # the ranks meet through a file in the test's own folder, not a TCP port: a port chosen free here could be taken by
+    # another process before rank 0 binds it. Without MASTER_PORT DeepSpeed would look for MPI: auto_mpi_discovery off
+    deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S), rank=rank,
+                               world_size=RANKS, init_method=f"file://{out_dir}/rendezvous", auto_mpi_discovery=False)
     args = cli_args()
     trainer = object.__new__(CoPEActorPPOTrainer)
     trainer.strategy, trainer.args = ZeroStrategy(args), args
@@ -154,10 +155,7 @@ def assert_same(got, want, where: str) -> None:
 
 
 def test_uneven_ranks_finish_with_single_process_values(model_dir, tmp_path):
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    context = mp.start_processes(run_rank, args=(model_dir, port, str(tmp_path)), nprocs=RANKS, join=False,
+    context = mp.start_processes(run_rank, args=(model_dir, str(tmp_path)), nprocs=RANKS, join=False,
                                  start_method="spawn")
     deadline = time.monotonic() + 300  # a safety net only: the group timeout fails a mismatch long before
     while not context.join(timeout=5):  # raises ProcessRaisedException with the rank's traceback if one fails
