@@ -103,6 +103,7 @@ def test_eval_flags_their_defaults_types_and_the_required_ones(monkeypatch):
             parser.parse_args(required[:at] + required[at + 2:])
     with pytest.raises(SystemExit):
         parser.parse_args(required + ["--engine", "tpu"])
+    assert parser.parse_args(required + ["--engine", "vllm"]).engine == "vllm"  # only the slow test plays on it
     monkeypatch.setenv("COPE_GATEWAY_URL", "http://10.0.0.5:9000")  # the launchers' gateway, when they set it
     assert load_script("eval").build_parser().parse_args(required).gateway == "http://10.0.0.5:9000"
 
