@@ -28,6 +28,8 @@ if [[ -z "${COPE_DEVICE:-}" ]]; then
 fi
 case "$COPE_DEVICE" in cpu|cuda) ;; *) echo "setup.sh: COPE_DEVICE must be cpu or cuda, got '$COPE_DEVICE'" >&2; exit 2;; esac
 
+# shellcheck source=scripts/lib/disk_check.sh
+source "$ROOT/scripts/lib/disk_check.sh"
 T_ALL=$SECONDS
 step() {  # step "what" command...: run it, print how long it took
   local what="$1" t0=$SECONDS; shift
@@ -53,6 +55,9 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" ]] && stack_imports; the
   echo "[setup] trainer venv .venv is up to date ($COPE_DEVICE); nothing to install"
 else
   echo "[setup] host: $COPE_DEVICE; python: $PY_BIN ($("$PY_BIN" --version 2>&1))"
+  # the CPU venv is 4.1 GB as built here; the CUDA one (CUDA torch and its nvidia-* libraries, vllm) about 8 GB
+  need_free_gb "$([[ "$COPE_DEVICE" == cpu ]] && echo 6 || echo 10)" .venv \
+    "Free some space and rerun; the env servers' venvs (.venvs/) take about 8 GB more, 5.6 of it agentgym-alfworld."
   [[ -x "$VENV/bin/python" ]] || step "create .venv" "$PY_BIN" -m venv "$VENV"
   C=(); [[ -f "$LOCK" ]] && C=(-c "$LOCK")  # the lock pins every transitive package seen working
   step "pip itself" pip_q --upgrade "pip==26.3"

@@ -32,6 +32,9 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
     PYTHON=python3
 fi
 
+# shellcheck source=scripts/lib/disk_check.sh
+source "$ROOT/scripts/lib/disk_check.sh"
+
 setup_one() {
     local name="$1"
     local req="$REQ_DIR/$name.txt"
@@ -67,6 +70,12 @@ setup_one() {
     if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         echo "setup_env: $name: venv up to date ($venv); checking"
     else
+        # disk a build needs: its venv's size as built here rounded up to whole GB (5.6 GB for agentgym-alfworld, at
+        # most 0.9 GB for the others), plus 1 GB for pip's unpacking
+        local need_gb=2
+        if [ "$name" = agentgym-alfworld ]; then need_gb=7; fi
+        local leave_out="COPE_ENV_SERVERS=\"...\" bash scripts/setup.sh builds only the env servers it names"
+        need_free_gb "$need_gb" ".venvs/$name" "Free some space and rerun, or leave $name out: $leave_out."
         echo "setup_env: $name: building $venv from $req"
         [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"

@@ -129,6 +129,42 @@ def test_setup_second_run_installs_nothing():
     assert "nothing to install" in proc.stdout, proc.stdout
 
 
+@pytest.fixture
+def small_disk_checkout(tmp_path):
+    """A copy of the set-up scripts and pins on a 32 MB tmpfs: a disk far too small for any venv."""
+    root = tmp_path / "checkout"
+    root.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(root)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs); the short-disk check was not run")
+    try:
+        shutil.copytree(os.path.join(ROOT, "scripts"), root / "scripts")
+        for name in os.listdir(ROOT):
+            if re.fullmatch(r"(requirements|constraints)(-\w+)?\.txt", name):
+                shutil.copy(os.path.join(ROOT, name), root / name)
+        (root / "env_gateway/servers/requirements").mkdir(parents=True)
+        shutil.copy(os.path.join(ROOT, "env_gateway/servers/requirements/babyai.txt"),
+                    root / "env_gateway/servers/requirements/babyai.txt")
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
+@pytest.mark.parametrize("command, builds", [
+    (["bash", "scripts/setup.sh"], ".venv"),
+    (["bash", "scripts/setup_env.sh", "babyai"], ".venvs/babyai"),
+])
+def test_setup_on_a_short_disk_stops_before_building_and_says_what_it_needs(small_disk_checkout, command, builds):
+    """Out of disk, pip fails minutes into a build with only "[Errno 28] No space left on device" and leaves a
+    half-built venv (CI stop 56). The set-up checks first: it stops at once, builds nothing, and gives the numbers."""
+    env = {**os.environ, "COPE_DEVICE": "cpu", "COPE_ENV_SERVERS": "none"}
+    proc = subprocess.run(command, cwd=small_disk_checkout, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert re.search(rf"not enough disk to build {re.escape(builds)}: it needs about \d+ GB, .* has 0 GB free",
+                     proc.stderr), proc.stdout + proc.stderr
+    assert not (small_disk_checkout / builds).exists()
+
+
 def test_compat_import_is_cheap():
     """Every interpreter of the venv imports compat at start-up (.pth): it must not pull torch in."""
     code = "import sys, cope_rlhf.compat; print('torch' in sys.modules, 'flash_attn' in sys.modules)"

@@ -27,7 +27,8 @@ EXAMPLES = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT,
 TRAINING_SCRIPTS = RUN + LAUNCH + EXAMPLES
 ALL_SCRIPTS = TRAINING_SCRIPTS + sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples/eval/*.sh"))) + [
-    "scripts/lib/common.sh", "scripts/lib/tmux.sh", "scripts/ray_cluster_head.sh", "scripts/ray_cluster_worker.sh",
+    "scripts/lib/common.sh", "scripts/lib/tmux.sh", "scripts/lib/disk_check.sh", "scripts/ray_cluster_head.sh",
+    "scripts/ray_cluster_worker.sh",
     "scripts/sbatch_train.sh", "scripts/quickstart.sh", "scripts/setup.sh", "scripts/setup_env.sh", "scripts/test.sh",
     "scripts/gpu_smoke.sh", ".ci/run", "scripts/launch_tau2_infopo_aligned.sh", "scripts/tau2_align_eval.sh",
     "scripts/sbatch_tau2_align.sh", "scripts/test_under_load.sh"]
