@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -36,17 +37,24 @@ def reply_nll(model_dir: str, demos: str, count: int = 20) -> float:
 
 
 def sft(*extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     return subprocess.run([sys.executable, "-m", "cope_rlhf.cli.train_sft", *extra], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "MASTER_PORT": "29547"})
+                          text=True, timeout=timeout, env=env)
 
 
 def test_openrlhf_sft_trains_on_cpu(warm_model, tmp_path):
+    """Without a launcher, the one-process group needs no fixed port: the run succeeds while another program holds
+    29531 (the port it once hard-coded), as two SFT runs on one machine, or a run beside any server, would."""
     demos, start = str(warm_model / "demos.jsonl"), str(warm_model / "tiny")
-    done = sft("--model.model_name_or_path", start, "--data.dataset", demos, "--data.input_key", "messages",
-               "--data.apply_chat_template", "--data.multiturn", "--data.max_len", "2048",
-               "--train.micro_batch_size", "8", "--train.batch_size", "8", "--train.max_epochs", "1",
-               "--adam.lr", "2e-3", "--ds.attn_implementation", "sdpa", "--ds.param_dtype", "fp32",
-               "--ckpt.output_dir", str(tmp_path / "out"), "--ckpt.path", str(tmp_path / "ckpt"))
+    other_program = socket.create_server(("127.0.0.1", 29531))
+    try:
+        done = sft("--model.model_name_or_path", start, "--data.dataset", demos, "--data.input_key", "messages",
+                   "--data.apply_chat_template", "--data.multiturn", "--data.max_len", "2048",
+                   "--train.micro_batch_size", "8", "--train.batch_size", "8", "--train.max_epochs", "1",
+                   "--adam.lr", "2e-3", "--ds.attn_implementation", "sdpa", "--ds.param_dtype", "fp32",
+                   "--ckpt.output_dir", str(tmp_path / "out"), "--ckpt.path", str(tmp_path / "ckpt"))
+    finally:
+        other_program.close()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     before, after = reply_nll(start, demos), reply_nll(str(tmp_path / "out"), demos)
     assert after < 0.8 * before, (before, after)

@@ -4,9 +4,9 @@ CUDA.
 On a CUDA host this is OpenRLHF's CLI as it is (launch it with ``deepspeed`` / ``torchrun`` as usual). Without CUDA:
 ``patch.install`` puts in the same CPU pieces as for ``train_ppo_ray`` (``cpu_cluster``: DeepSpeed's device mesh on
 ``"cpu"``, torch's AdamW instead of FusedAdam, ``torch.cuda`` device calls answered for the CPU; DeepSpeed picks gloo
-by itself), a run without a launcher gets a one-process group (``RANK`` 0 of ``WORLD_SIZE`` 1 on 127.0.0.1 unless
-the environment says otherwise), and a flag that cannot run on CPU exits 2 naming what to change
-(``cpu_preset_error``):
+by itself), a run without a launcher gets a one-process group (``RANK`` 0 of ``WORLD_SIZE`` 1 on 127.0.0.1, on
+any free port, unless the environment says otherwise), and a flag that cannot run on CPU exits 2 naming what to
+change (``cpu_preset_error``):
 
     --ds.attn_implementation sdpa --ds.param_dtype fp32   (no --ds.packing_samples, no --ds.adam_offload)
 
@@ -33,8 +33,10 @@ from typing import List, Optional
 import torch
 
 OPENRLHF_CLI = "openrlhf.cli.train_sft"
+# MASTER_PORT 0: the lone rank's rendezvous store listens on a port the OS picks, since no other rank needs to find
+# it; a fixed port failed the run whenever another program (a second SFT run, say) held it.
 ONE_PROCESS_GROUP = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
 
 
 def main(argv: Optional[List[str]] = None) -> None:
