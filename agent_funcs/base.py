@@ -42,6 +42,7 @@ Environment (set by the launcher; read at the start of every episode):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import itertools
 import logging
@@ -55,11 +56,13 @@ from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
 from agent_funcs.instructions import ACKNOWLEDGEMENT
 from cope_rlhf.chat_format import parse_react_action, realized_action
+from cope_rlhf.seeds import derive_seed, with_seed
 from env_gateway.client import EnvSession, GatewayClient
 
 log = logging.getLogger("agent_funcs")
 
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8800"
+SEEDS_REMEMBERED = 4096  # request seeds whose episode count an executor keeps (a batch's requests, with room)
 REACT_FORMAT = ("Answer every turn in this format:\nThought:\n<one or two sentences about what to do next>\n\n"
                 "Action:\n<exactly one action>\n")
 INVALID_ACTION = ("Invalid action: your reply has no action. End every reply with a line \"Action:\" followed by "
@@ -151,9 +154,12 @@ def gateway_client(url: str, call_timeout: float) -> GatewayClient:
 
 @dataclass
 class _Episode:
-    """What ``GatewayAgentExecutor.execute`` shares with the agent instance OpenRLHF builds inside it."""
+    """What ``GatewayAgentExecutor.execute`` shares with the agent instance OpenRLHF builds inside it. ``seed``: the
+    request seed of a seeded rollout and the episode's place among its request's episodes (None: unseeded)."""
 
     tokenizer: Any
+    seed: tuple[int, int] | None = None
+    turns: int = 0
     last_token_ids: list[int] = field(default_factory=list)
     agents: list["GatewayAgent"] = field(default_factory=list)
 
@@ -326,14 +332,20 @@ class GatewayAgent(AgentInstanceBase):
 
 
 class _RecordingEngine:
-    """The rollout engine as given, noting each reply's token ids (to know whether it closed its turn)."""
+    """The rollout engine as given, noting each reply's token ids (to know whether it closed its turn), and, in a
+    seeded rollout, sampling each turn with its own seed (``cope_rlhf.seeds``: H(request seed, episode,
+    turn))."""
 
     def __init__(self, engine: Any, episode: _Episode) -> None:
         self.engine, self.episode = engine, episode
 
-    async def generate(self, *args: Any, **kwargs: Any) -> Any:
-        out = await self.engine.generate(*args, **kwargs)
-        self.episode.last_token_ids = list(out.outputs[0].token_ids)
+    async def generate(self, token_ids: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
+        episode = self.episode
+        if episode.seed is not None:
+            sampling_params = with_seed(sampling_params, derive_seed(*episode.seed, episode.turns))
+        episode.turns += 1
+        out = await self.engine.generate(token_ids, sampling_params, *args, **kwargs)
+        episode.last_token_ids = list(out.outputs[0].token_ids)
         return out
 
 
@@ -349,9 +361,22 @@ class GatewayAgentExecutor(MultiTurnAgentExecutor):
 
     def __init__(self) -> None:
         super().__init__(self.agent_cls)
+        self.episodes_of_seed: collections.OrderedDict[int, int] = collections.OrderedDict()
+
+    def _episode_seed(self, sampling_params: Any) -> tuple[int, int] | None:
+        """(request seed, this episode's place among the request's episodes), counted as they start (the engine
+        starts a request's episodes in order); None when the request is unseeded."""
+        seed = getattr(sampling_params, "seed", None)
+        if seed is None:
+            return None
+        place = self.episodes_of_seed.pop(seed, 0)
+        self.episodes_of_seed[seed] = place + 1
+        while len(self.episodes_of_seed) > SEEDS_REMEMBERED:
+            self.episodes_of_seed.popitem(last=False)
+        return seed, place
 
     async def execute(self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None):
-        episode = _Episode(hf_tokenizer)
+        episode = _Episode(hf_tokenizer, self._episode_seed(sampling_params))
         token = _EPISODE.set(episode)
         try:
             return await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer,

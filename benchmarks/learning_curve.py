@@ -72,13 +72,25 @@ sys.path.insert(0, ROOT)  # the repository's packages, and scripts/ as scripts.<
 # all-equal groups into advantages up to +-60 (docs/results/quickstart_diagnosis.md point 19), and a run that
 # collapses from that would say nothing about the signal.
 FILTER = ["--cope.grpo_filter_degenerate"]
-FORECAST = ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint"]
+# The recorded configs ran before skip-invalid became the default: it is off in them, so that they still mean what
+# their records mean (their TE ran the earlier recipe: members' union top-M, a token-mean scale, long slots' first 16
+# tokens, TE on filtered rows; that code is in git history, docs/RESULTS.md names the commit).
+FORECAST = ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint",
+            "--cope.action_forecast_skip_invalid", "off"]
 TE = ["--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "0"]
 INFO = ["--cope.info_intrinsic_weight", "0.1"]
+# TE as upstream CoPE runs it (docs/METHOD.md): skip-invalid (the default now) for the forecast's targets and TE's
+# members and targets, and a warm-up: upstream's 50 steps of its ~300-step runs (three ScalingInter-RL stages of
+# 100), scaled to this study's 40-60 steps. te_up_l0 measures the members without pulling on the policy.
+FORECAST_UP = ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint"]
+TE_UP = ["--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "10"]
+TE_UP_L0 = ["--cope.te_enable", "--cope.te_lambda", "0", "--cope.te_warmup_steps", "10"]
 # "all_but_te": every signal except TE, because TE is what makes "all" fall (docs/results/quickstart_diagnosis.md
 # point 27: its members, forecasts of a later turn, give the action taken there ~0.001-0.3 probability here).
 CONFIGS = {"grpo": [], "filter": FILTER, "forecast": FILTER + FORECAST, "te": FILTER + FORECAST + TE,
-           "info": FILTER + INFO, "all": FILTER + FORECAST + TE + INFO, "all_but_te": FILTER + FORECAST + INFO}
+           "info": FILTER + INFO, "all": FILTER + FORECAST + TE + INFO, "all_but_te": FILTER + FORECAST + INFO,
+           "te_up": FILTER + FORECAST_UP + TE_UP, "te_up_l0": FILTER + FORECAST_UP + TE_UP_L0,
+           "all_up": FILTER + FORECAST_UP + TE_UP + INFO}
 WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-hesitant",
                          "--epochs", "16"],
               # 344 training items; 200 demos x 16 epochs left the tiny model at greedy 0.03 / sampled 0.01 held-out and
@@ -245,7 +257,8 @@ def cached(folder: str, names: list) -> list:
 # env rejects several times as many actions and the filter takes every group).
 TRAINING = {"success": "train/rollout/success_rate", "rejected": "train/rollout/rejected_action_rate",
             "kl": "train/kl", "kl_all_rows": "train/cope/kl_all_rows", "filtered": "train/cope/filtered_frac",
-            "te_member": "train/cope/te_member_first_token_prob"}
+            "te_member": "train/cope/te_member_first_token_prob", "te_member_valid": "train/cope/te_member_prob_valid",
+            "te_invalid": "train/cope/te_invalid_target_frac"}
 WINDOW = 10  # steps averaged at the start and at the end of a run
 # train/kl is the KL loss's term, over the rows left in the loss: under the filter only the mixed groups' rows, so the
 # whole batch's KL (cope/kl_all_rows, logged since 02b83cd) gets its own column; "—" for runs from before it.
@@ -254,7 +267,9 @@ TRAINING_HEADER = [f"| env | config | seeds | rollout success, steps 1-{WINDOW} 
                    f"| kl to the reference in the loss (train/kl; the filter on: its rows only), last {WINDOW} "
                    f"| kl to the reference, every row (cope/kl_all_rows), last {WINDOW} "
                    "| groups the filter took, all steps | TE members' probability of the taken action's first token, "
-                   f"last {WINDOW} |", "|---|---|---|---|---|---|---|---|---|"]
+                   f"last {WINDOW} | the same over actions the env accepted (cope/te_member_prob_valid), "
+                   f"steps 1-{WINDOW} → last {WINDOW} | TE slots whose action the env rejected, last {WINDOW} |",
+                   "|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def read_run(out: str) -> dict:
@@ -328,7 +343,9 @@ def training_rows(env: str, runs: dict[str, list[dict]]) -> list[str]:
             f"{window(config, 'success', 'last')} | {window(config, 'rejected', 'first')} → "
             f"{window(config, 'rejected', 'last')} | {window(config, 'kl', 'last')} "
             f"| {window(config, 'kl_all_rows', 'last')} "
-            f"| {window(config, 'filtered', 'all')} | {window(config, 'te_member', 'last')} |"
+            f"| {window(config, 'filtered', 'all')} | {window(config, 'te_member', 'last')} "
+            f"| {window(config, 'te_member_valid', 'first')} → {window(config, 'te_member_valid', 'last')} "
+            f"| {window(config, 'te_invalid', 'last')} |"
             for config, seeds in runs.items()]
 
 

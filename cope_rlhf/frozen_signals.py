@@ -31,7 +31,7 @@ from cope_rlhf.temporal_ensemble import collect_members, later_forecasts, member
 from cope_rlhf.turns import Turn, turn_spans
 
 InfoGain = Tuple[torch.Tensor, List[List[float]], Dict[str, float]]  # token rewards (B, A), r_t per turn, metrics
-Members = Tuple[Dict[str, torch.Tensor], Dict[str, float]]  # positions, probs, ids, valid of one row; metrics
+Members = Tuple[Dict[str, torch.Tensor], Dict[str, float]]  # positions, probs, ids of one row; its TE counts
 
 
 @torch.no_grad()
@@ -44,16 +44,18 @@ def frozen_signals(
     info_gain: bool,
     samples: Optional[Sequence[Sequence[ForecastSample]]] = None,
     trajectories: Optional[Sequence[Tuple[Sequence[int], Sequence[Turn]]]] = None,
+    rejected: Optional[Sequence[Sequence[bool]]] = None,
     block_mask: BlockMaskFn = dense_mask,
     device=None,
 ) -> Tuple[Optional[InfoGain], Optional[List[Members]]]:
     """(information gain or None when ``info_gain`` is off; TE members per row or None when ``samples`` is None).
 
-    ``samples[i]`` are row i's forecast samples and ``trajectories[i]`` = (tokens, turns) its unpadded trajectory
-    (``turns.unpadded_trajectories``). Info gain scores the last ``config.info_max_turns`` turns after feedback of
-    every row over ``config.info_probe_tokens`` tokens, and puts r_t on every action token of turn t. A row's members
-    are its covered positions (the policy's logits for position p sit at p - 1) with their members' top-M
-    probabilities and token ids, ``(N, K, M)``, and a validity mask ``(N, K)``."""
+    ``samples[i]`` are row i's forecast samples, ``trajectories[i]`` = (tokens, turns) its unpadded trajectory
+    (``turns.unpadded_trajectories``) and ``rejected[i][t]`` whether the env rejected its turn t's action (None: no
+    turn was). Info gain scores the last ``config.info_max_turns`` turns after feedback of every row over
+    ``config.info_probe_tokens`` tokens, and puts r_t on every action token of turn t. A row's members are its
+    covered positions (the policy's logits for position p sit at p - 1) with their members' mixture q^F as top-M
+    probabilities and token ids ``(N, M)``, and the row's TE counts (``temporal_ensemble.COUNTS``)."""
     rows_per_forward = min([config.info_kl_batch] * info_gain + [config.te_micro_batch_size_per_gpu] *
                            (samples is not None), default=1)
     turns = turn_spans(action_mask, sequences.shape[1], attention_mask) if info_gain else []
@@ -81,8 +83,10 @@ def frozen_signals(
     for i, (tokens, row_turns) in enumerate(trajectories):
         cuts, trimmed = forecasts_of.get(i, ([], []))
         logits = split_members(cuts, out[i][-1]) if trimmed else []
-        targets, probs, ids, valid, metrics = collect_members(trimmed, logits,
-                                                              {s.row: (tokens, row_turns) for s in trimmed})
+        row = {s.row for s in trimmed}
+        targets, probs, ids, counts = collect_members(
+            trimmed, logits, dict.fromkeys(row, (tokens, row_turns)),
+            dict.fromkeys(row, rejected[i]) if rejected is not None else None)
         positions = torch.tensor([pos for _, pos in targets], dtype=torch.long)
-        members.append(({"positions": positions, "probs": probs, "ids": ids, "valid": valid}, metrics))
+        members.append(({"positions": positions, "probs": probs, "ids": ids}, counts))
     return gain, members

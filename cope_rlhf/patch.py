@@ -4,6 +4,7 @@ Swaps (module global -> CoPE replacement), made right after the OpenRLHF module 
 
     openrlhf.trainer.ppo_trainer.RemoteExperienceMaker -> cope_rlhf.experience_maker.CoPEExperienceMaker
     openrlhf.trainer.ppo_trainer.PPOTrainer            -> cope_rlhf.ppo_trainer.CoPEPPOTrainer
+    openrlhf.trainer.ppo_trainer.SamplesGenerator      -> cope_rlhf.ppo_trainer.SeededSamplesGenerator
     openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer     -> cope_rlhf.actor.CoPEActorPPOTrainer
     openrlhf.trainer.ray.ppo_actor.PolicyModelActor    -> cope_rlhf.actor.CoPEPolicyModelActor
 
@@ -16,8 +17,8 @@ and, only on a host without CUDA (``CPU_SWAPS``: OpenRLHF's real Ray path on CPU
     openrlhf.trainer.ray.ppo_actor.stateless_init_process_group   -> cope_rlhf.cpu_cluster.gloo_broadcast_group
     openrlhf.trainer.ray.vllm_engine.RolloutRayActor              -> cope_rlhf.cpu_vllm.CPURolloutRayActor
 
-OpenRLHF builds these classes from those module globals: the experience maker in ``BasePPOTrainer.__init__``
-(inside the PPOTrainer Ray actor), the PPOTrainer Ray actor in ``train()`` (driver), the PPO trainer in ``PolicyModelActor.init_model_from_pretrained`` (inside
+OpenRLHF builds these classes from those module globals: the experience maker and the samples generator in
+``BasePPOTrainer.__init__`` / ``PPOTrainer.__init__`` (inside the PPOTrainer Ray actor), the PPOTrainer Ray actor in ``train()`` (driver), the PPO trainer in ``PolicyModelActor.init_model_from_pretrained`` (inside
 each actor worker), the actor class in ``train()`` (driver). Ray workers import OpenRLHF afresh, so a swap
 made in the driver does not reach them: ``install`` is also the Ray ``worker_process_setup_hook``
 (``ray_init_with_hook`` adds it to OpenRLHF's own ``ray.init`` call). ``install`` only registers a post-import
@@ -48,7 +49,8 @@ CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (OpenRLHF module, CoPE module, {name in the OpenRLHF module: name in the CoPE module})
 SWAPS: List[Tuple[str, str, Dict[str, str]]] = [
     ("openrlhf.trainer.ppo_trainer", "cope_rlhf.experience_maker", {"RemoteExperienceMaker": "CoPEExperienceMaker"}),
-    ("openrlhf.trainer.ppo_trainer", "cope_rlhf.ppo_trainer", {"PPOTrainer": "CoPEPPOTrainer"}),
+    ("openrlhf.trainer.ppo_trainer", "cope_rlhf.ppo_trainer",
+     {"PPOTrainer": "CoPEPPOTrainer", "SamplesGenerator": "SeededSamplesGenerator"}),
     ("openrlhf.trainer.ray.ppo_actor", "cope_rlhf.actor",
      {"ActorPPOTrainer": "CoPEActorPPOTrainer", "PolicyModelActor": "CoPEPolicyModelActor"}),
 ]

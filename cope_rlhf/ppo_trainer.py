@@ -13,6 +13,9 @@ OpenRLHF's own, and everything below only reads what they produce.
   ``eval.steps`` did not land on it), so that a run reports held-out success before and after training.
 - ``--cope.eval_dispatch_size N``: held-out prompts whose episodes run at once (0: OpenRLHF's
   ``rollout.batch_size``); on a small machine the engine otherwise idles between turns of a few episodes.
+- Seeds: every rollout and every held-out episode samples with seeds derived from (``train.seed``, the step, the
+  prompt, the episode, the turn) (``cope_rlhf.seeds``): ``SeededSamplesGenerator`` (``patch`` puts it where
+  OpenRLHF looks for ``SamplesGenerator``) seeds each prompt's request; this class tells it which step.
 - ``COPE_TRAIN_STEP_FILE`` (environment): when set, the step being rolled out is written there (through a temporary
   name) before each rollout, for the agent funcs' horizon schedule (``HORIZON_SCHEDULE``). The file must be on a
   filesystem the rollout engines see.
@@ -23,17 +26,21 @@ OpenRLHF's own, and everything below only reads what they produce.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
-from typing import Dict, List
+from types import SimpleNamespace
+from typing import Any, Dict, List, Tuple
 
 import ray
 import torch
 from openrlhf.trainer.ppo_trainer import PPOTrainer, compute_eval_metrics
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.utils.logging_utils import init_logger
 
 from cope_rlhf.config import CoPEConfig
+from cope_rlhf.seeds import derive_seed, with_seed
 
 logger = init_logger(__name__)
 EVAL_EPISODES = "eval_episodes.jsonl"
@@ -58,6 +65,61 @@ def episode_metrics(samples) -> Dict[str, float]:
             "episodes": float(len(samples))}
 
 
+class _SeedingEngine:
+    """A rollout engine's Ray handle as OpenRLHF's generator calls it, whose ``generate_responses.remote(...)`` puts
+    the request seed into ``sampling_params``."""
+
+    def __init__(self, engine: Any, generator: "SeededSamplesGenerator") -> None:
+        self._engine, self._generator = engine, generator
+
+    @property
+    def generate_responses(self) -> SimpleNamespace:
+        def remote(*args: Any, prompt: Any, label: Any, sampling_params: Any, **kwargs: Any) -> Any:
+            params = with_seed(sampling_params, self._generator.request_seed(prompt, label))
+            return self._engine.generate_responses.remote(*args, prompt=prompt, label=label, sampling_params=params,
+                                                          **kwargs)
+
+        return SimpleNamespace(remote=remote)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+class SeededSamplesGenerator(SamplesGenerator):
+    """OpenRLHF's generator, with a request seed (``cope_rlhf.seeds``) on the ``sampling_params`` each rollout
+    engine gets, and a batch's episodes returned in the order their prompts were dispatched: OpenRLHF collects them
+    as they finish, so the order of the groups in a batch, and with it every float sum of the update, varied from
+    run to run. ``seed_phase`` ("rollout" or "eval", step) is set by ``CoPEPPOTrainer``."""
+
+    def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines: List) -> None:
+        super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer,
+                         [_SeedingEngine(e, self) for e in vllm_engines or []])
+        self.seed_base = strategy.args.train.seed
+        self.seed_phase: Tuple[str, int] = ("rollout", 0)
+        self._seen: Dict[Tuple[str, str], int] = collections.Counter()
+        self._order: Dict[Tuple[str, str], int] = {}
+
+    def request_seed(self, prompt: Any, label: Any) -> int:
+        key = (str(prompt), str(label))
+        occurrence = self._seen[key]
+        self._seen[key] += 1
+        return derive_seed(self.seed_base, *self.seed_phase, prompt, label, occurrence)
+
+    def _dispatch_prompts_to_vllm(self, prompts, labels, *, images=None, **generate_kwargs):
+        self._seen.clear()
+        for key in zip(map(str, prompts), map(str, labels)):
+            self._order.setdefault(key, len(self._order))
+        return super()._dispatch_prompts_to_vllm(prompts, labels, images=images, **generate_kwargs)
+
+    def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
+        self._order = {}
+        experiences, consumed, exhausted = super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering,
+                                                                  **generate_kwargs)
+        order = self._order
+        experiences.sort(key=lambda e: order.get((str(e.prompts[0]), str(e.labels[0])), len(order)))
+        return experiences, consumed, exhausted
+
+
 def write_step_file(path: str, step: int) -> None:
     with open(path + ".tmp", "w") as f:
         f.write(str(step))
@@ -76,6 +138,9 @@ class _CoPEPPOTrainer(PPOTrainer.__ray_actor_class__):
         return CoPEConfig.from_args(self.args)
 
     def _announce_step(self, step: int) -> None:
+        """``step`` is the one rolled out next: for its seeds (``SeededSamplesGenerator``) and the agent funcs' step
+        file."""
+        self.samples_generator.seed_phase = ("rollout", step)
         path = os.environ.get("COPE_TRAIN_STEP_FILE")
         if path:
             write_step_file(path, step)
@@ -113,12 +178,13 @@ class _CoPEPPOTrainer(PPOTrainer.__ray_actor_class__):
         ``eval_episodes.jsonl`` line per held-out episode."""
         t0 = time.time()
         args = self.args
-        train_batch = args.rollout.batch_size
+        train_batch, phase = args.rollout.batch_size, self.samples_generator.seed_phase
         args.rollout.batch_size = self.cope.eval_dispatch_size or train_batch  # generate_eval_samples' dispatch size
+        self.samples_generator.seed_phase = ("eval", global_step)
         try:
             samples: List = self.samples_generator.generate_eval_samples(**generate_kwargs)
         finally:
-            args.rollout.batch_size = train_batch
+            args.rollout.batch_size, self.samples_generator.seed_phase = train_batch, phase
         logs = compute_eval_metrics(self.eval_dataloader, samples, generate_kwargs["n_samples_per_prompt"])
         logs.update(episode_metrics(samples))
         with open(os.path.join(args.ckpt.path, EVAL_EPISODES), "a") as f:

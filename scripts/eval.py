@@ -7,7 +7,9 @@ Every item is played ``--k`` times by ``agent_funcs/<env>.py``'s ``AgentExecutor
 ``MultiTurnAgentExecutor``: same prompts, turn limit (MAX_TURNS), action parsing and reward shaping as in
 training), all episodes concurrently; generation is batched across the episodes that wait for the model.
 ``--engine vllm`` (default when vLLM imports) uses ``vllm.LLM``; ``--engine hf`` is plain ``transformers``
-``generate`` (CPU tests, small models). Metrics: scripts/agent_metrics.py (success rate, mean reward, Avg@k,
+``generate`` (CPU tests, small models). With vLLM every episode samples with its own seeds, H(``--seed``, item, trial)
+then one per turn (``cope_rlhf.seeds``), so a rerun plays the same episodes; HF samples the batch from one generator
+seeded by ``--seed``. Metrics: scripts/agent_metrics.py (success rate, mean reward, Avg@k,
 pass^1..k). Writes ``--out`` (metrics and the per-item table) and ``<out>.episodes.jsonl``: one line per episode,
 ``{env, item_id, trial, reward, success, turns, messages, turn_rewards, extra_logs}``, with messages in the ReAct
 chat format of scripts/make_demos.py (scripts/viz_trajectories.py reads both).
@@ -51,19 +53,20 @@ class HFBackend:
         self.eos.add(self.tokenizer.eos_token_id)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos)
 
-    def generate(self, requests: list[tuple[list[int], int]]) -> list[SimpleNamespace]:
+    def generate(self, requests: list[tuple[list[int], int, int | None]]) -> list[SimpleNamespace]:
+        """``requests``: (prompt ids, token budget, seed); the seeds are not used (one generator for the batch)."""
         torch = self.torch
-        width = max(len(ids) for ids, _ in requests)
-        input_ids = torch.tensor([[self.pad] * (width - len(ids)) + ids for ids, _ in requests])
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests])
+        width = max(len(ids) for ids, *_ in requests)
+        input_ids = torch.tensor([[self.pad] * (width - len(ids)) + ids for ids, *_ in requests])
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, *_ in requests])
         sample = {"do_sample": True, "temperature": self.temperature, "top_p": 1.0, "top_k": 0} \
             if self.temperature > 0 else {"do_sample": False}
         with torch.no_grad():
             out = self.model.generate(input_ids=input_ids, attention_mask=mask, pad_token_id=self.pad,
-                                      eos_token_id=sorted(self.eos), max_new_tokens=max(n for _, n in requests),
+                                      eos_token_id=sorted(self.eos), max_new_tokens=max(n for _, n, _ in requests),
                                       **sample)
         replies = []
-        for row, (_, budget) in zip(out[:, width:].tolist(), requests):
+        for row, (_, budget, _) in zip(out[:, width:].tolist(), requests):
             end = next((i + 1 for i, t in enumerate(row[:budget]) if t in self.eos), None)
             ids = row[:end] if end else row[:budget]
             replies.append(SimpleNamespace(token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
@@ -78,11 +81,17 @@ class VLLMBackend:
         from vllm import LLM, SamplingParams
 
         self.params, self.temperature, self.seed = SamplingParams, temperature, seed
-        self.llm = LLM(model=model_dir, max_model_len=max_model_len, seed=seed, dtype="bfloat16")
+        import torch
 
-    def generate(self, requests: list[tuple[list[int], int]]) -> list[SimpleNamespace]:
-        prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
-        params = [self.params(max_tokens=n, temperature=self.temperature) for _, n in requests]
+        from cope_rlhf.cpu_vllm import cpu_engine_args
+
+        cpu = {} if torch.cuda.is_available() else cpu_engine_args(max_model_len)  # seeded requests need it there
+        self.llm = LLM(model=model_dir, max_model_len=max_model_len, seed=seed, dtype="bfloat16", **cpu)
+
+    def generate(self, requests: list[tuple[list[int], int, int | None]]) -> list[SimpleNamespace]:
+        """``requests``: (prompt ids, token budget, the request's seed or None)."""
+        prompts = [{"prompt_token_ids": ids} for ids, _, _ in requests]
+        params = [self.params(max_tokens=n, temperature=self.temperature, seed=seed) for _, n, seed in requests]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return [SimpleNamespace(token_ids=list(o.outputs[0].token_ids), text=o.outputs[0].text,
                                 finish_reason=o.outputs[0].finish_reason, logprobs=None) for o in outs]
@@ -94,13 +103,13 @@ class BatchingEngine:
 
     def __init__(self, backend: Any, max_new_tokens: int):
         self.backend, self.max_new_tokens = backend, max_new_tokens
-        self.pending: list[tuple[list[int], int, asyncio.Future]] = []
+        self.pending: list[tuple[list[int], int, int | None, asyncio.Future]] = []
         self.runner: asyncio.Task | None = None
 
     async def generate(self, token_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
         future = asyncio.get_running_loop().create_future()
         budget = min(self.max_new_tokens, sampling_params.max_tokens or self.max_new_tokens)
-        self.pending.append((list(token_ids), budget, future))
+        self.pending.append((list(token_ids), budget, getattr(sampling_params, "seed", None), future))
         if self.runner is None or self.runner.done():
             self.runner = asyncio.ensure_future(self._drain())
         return SimpleNamespace(outputs=[await future])
@@ -110,7 +119,7 @@ class BatchingEngine:
             await asyncio.sleep(0)  # let every episode that is about to ask join this batch
             batch, self.pending = self.pending, []
             try:
-                replies = await asyncio.to_thread(self.backend.generate, [(ids, n) for ids, n, _ in batch])
+                replies = await asyncio.to_thread(self.backend.generate, [(ids, n, seed) for ids, n, seed, _ in batch])
             except Exception as e:  # noqa: BLE001 - every waiting episode gets the error
                 for *_, future in batch:
                     future.set_exception(e)
@@ -149,8 +158,9 @@ def recording_executor(env: str) -> type:
 
 
 async def play(env: str, items: list[str], k: int, engine: BatchingEngine, tokenizer: Any, max_length: int,
-               concurrency: int) -> list[dict]:
+               concurrency: int, seed: int = 0) -> list[dict]:
     from agent_funcs.base import CLIENTS
+    from cope_rlhf.seeds import derive_seed
 
     executor_cls = recording_executor(env)
     gate = asyncio.Semaphore(concurrency)
@@ -159,7 +169,7 @@ async def play(env: str, items: list[str], k: int, engine: BatchingEngine, token
         async with gate:
             trace = {"messages": [], "turn_rewards": []}
             _TRACE.set(trace)  # this task's own context
-            params = SimpleNamespace(max_tokens=None, logprobs=None)
+            params = SimpleNamespace(max_tokens=None, logprobs=None, seed=derive_seed(seed, "eval", item, trial))
             out = await executor_cls().execute(f"{env}/{item}", item, params, max_length, tokenizer, engine)
             logs = {k_: float(v) for k_, v in (out.get("extra_logs") or {}).items()}
             return {"env": env, "item_id": item, "trial": trial, "reward": float(out["reward"]),
@@ -239,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer = backend.tokenizer
     start = time.monotonic()
     episodes = asyncio.run(play(args.env, items, args.k, BatchingEngine(backend, args.max_new_tokens), tokenizer,
-                                args.max_length, args.concurrency))
+                                args.max_length, args.concurrency, args.seed))
     table = item_table(episodes, items)
     metrics = summarize([row["rewards"] for row in table],
                         [[e["success"] for e in episodes if e["item_id"] == row["item_id"]] for row in table], args.k)

@@ -28,7 +28,8 @@ EXPECTED_COPE_TAGS = (
     "cope/filtered_frac", "cope/info_reward_mean", "cope/info_beta_mean", "cope/info_turns_scored",
     "cope/forecast_samples", "cope/forecast_kept_frac", "cope/forecast_loss", "cope/forecast_samples_trained",
     "cope/forecast_optimizer_steps", "cope/te_slots", "cope/te_slot_coverage", "cope/te_kl",
-    "cope/te_member_first_token_prob",
+    "cope/te_member_first_token_prob", "cope/te_member_prob_valid",
+    "cope/te_invalid_target_frac", "cope/te_held",
 )
 
 

@@ -33,8 +33,9 @@ from cope_rlhf.forecast import build_forecast_samples, forecast_weights
 from cope_rlhf.info_gain import position_ids_for
 from cope_rlhf.temporal_ensemble import TOP_M, collect_members, mixture_target, te_kl, te_lambda
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.signal_references import (collate_forecast_samples, forecast_nll, forecast_samples_from_experiences,
-                                     per_sample_forecast_loss, per_sample_member_logits, per_turn_info_gain)
+from tests.signal_references import (assert_same_top_m, collate_forecast_samples, forecast_nll,
+                                     forecast_samples_from_experiences, per_sample_forecast_loss,
+                                     per_sample_member_logits, per_turn_info_gain)
 from tests.tiny_hf import agent_response, stock_grpo, to_experience
 
 N = 2
@@ -159,9 +160,9 @@ def kl_to_q(actor, batch, members, eta):
 def te_reference(policy_logits_rows, frozen_rows, eta):
     values = []
     for (policy, m), (frozen, _) in zip(policy_logits_rows, frozen_rows):
-        q = mixture_target(frozen, m["probs"], m["ids"], m["valid"], eta)
-        values.append(te_kl(policy, q))
-    return torch.cat(values).mean()
+        q = mixture_target(frozen, m["probs"], m["ids"], eta)
+        values.append(te_kl(policy, q).mean() if len(policy) else torch.zeros(()))
+    return torch.stack(values).mean()  # upstream's scale: each trajectory's mean, then the mean over trajectories
 
 
 def test_te_term_pulls_policy_toward_q(batch, model_dir, tok, monkeypatch, on_cpu):
@@ -181,6 +182,44 @@ def test_te_term_pulls_policy_toward_q(batch, model_dir, tok, monkeypatch, on_cp
     kl_stock = te_reference(kl_to_q(stock.actor, batch, members, 0.5), frozen, 0.5)
     kl_cope = te_reference(kl_to_q(cope.actor, batch, members, 0.5), frozen, 0.5)
     assert kl_cope < kl_stock  # the TE term moved the policy toward q beyond what PPO alone did
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_te_scale_is_the_mean_over_trajectories_whatever_the_micro_batch(batch, model_dir, tok, monkeypatch, on_cpu,
+                                                                          micro_batch):
+    """Upstream's scale: lambda x (each trajectory's mean KL over its covered tokens) averaged over the step's
+    trajectories, those without members included. So the update does not depend on how the step is cut into
+    micro-batches (this project used to average covered tokens per micro-batch: a trajectory with many covered tokens
+    weighed more, and differently in each cut)."""
+    members = te_members(batch, model_dir, tok, cli_args("--cope.te_enable"))
+    assert len({len(m["positions"]) for m in members}) > 1  # the rows differ in coverage: the two scales differ
+    results = {}
+    for micro in (len(REWARDS), micro_batch):
+        args = cli_args("--cope.te_enable", "--cope.te_lambda", "5.0", "--cope.te_warmup_steps", "0",
+                        "--train.micro_batch_size", str(micro))
+        trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+        trainer.strategy = AccumulatingStrategy(args, len(REWARDS) // micro)
+        results[micro] = train_once(trainer, batch), params(trainer)
+    (whole, whole_params), (cut, cut_params) = results[len(REWARDS)], results[micro_batch]
+    assert whole["cope/te_kl"] > 0 and cut["cope/te_kl"] > 0
+    for name, value in whole_params.items():
+        torch.testing.assert_close(cut_params[name], value, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_te_hold_below_keeps_lambda_at_zero_until_members_know_the_action(batch, model_dir, tok, monkeypatch, on_cpu):
+    """``--cope.te_hold_below``: while the members' probability of the action taken is below it, lambda is 0
+    (``cope/te_held`` 1) and the update is stock GRPO's; above it TE pulls."""
+    stock = make_trainer(ActorPPOTrainer, cli_args(), model_dir, tok, monkeypatch)
+    train_once(stock, batch)
+    for hold, held in ((1.0, True), (1e-9, False)):
+        args = cli_args("--cope.te_enable", "--cope.te_lambda", "1.0", "--cope.te_warmup_steps", "0",
+                        "--cope.te_hold_below", str(hold))
+        cope = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+        status = train_once(cope, batch)
+        assert status["cope/te_held"] == float(held)
+        assert 0 < status["cope/te_member_prob_valid"] < 1 and status["cope/te_invalid_target_frac"] == 0.0
+        same = all(torch.equal(v, params(cope)[k]) for k, v in params(stock).items())
+        assert same == held
 
 
 def varlen_stand_in(module, args, kwargs):
@@ -324,11 +363,10 @@ def test_frozen_signals_equal_per_turn_references(batch, model_dir, tok):
     covered = 0
     for p, (got, got_metrics), row_samples in zip(batch.index, members, samples):
         trimmed, logits = per_sample_member_logits(holder._cope_logits, row_samples)
-        targets, probs, ids, valid, metrics = collect_members(trimmed, logits, {p: rows[p]}, TOP_M)
-        assert got_metrics == pytest.approx(metrics, abs=1e-5)
+        targets, probs, ids, counts = collect_members(trimmed, logits, {p: rows[p]}, top_m=TOP_M)
+        assert got_metrics == pytest.approx(counts, abs=1e-5)
         assert got["positions"].tolist() == [pos for _, pos in targets]
-        assert torch.equal(got["valid"], valid) and torch.equal(got["ids"], ids)
-        torch.testing.assert_close(got["probs"], probs, atol=1e-5, rtol=0)
+        assert_same_top_m(got["probs"], got["ids"], probs, ids)
         covered += len(targets)
     assert covered > 0
 
@@ -365,9 +403,8 @@ def test_frozen_signals_share_one_packed_row_per_trajectory(batch, model_dir, to
     none, alone = holder.cope_frozen_signals(*inputs, samples, trajectories, info_gain=False)
     assert none is None
     for (got, got_metrics), (want, want_metrics) in zip(members, alone):
-        assert got_metrics == want_metrics and torch.equal(got["positions"], want["positions"])
-        assert torch.equal(got["ids"], want["ids"]) and torch.equal(got["valid"], want["valid"])
-        torch.testing.assert_close(got["probs"], want["probs"], atol=1e-5, rtol=0)
+        assert got_metrics == pytest.approx(want_metrics, abs=1e-6) and torch.equal(got["positions"], want["positions"])
+        assert_same_top_m(got["probs"], got["ids"], want["probs"], want["ids"])
     assert len(dims) == 2  # apart: info gain's forward, then TE's
     assert sum(len(m["positions"]) for m, _ in members) > 0
 
@@ -513,6 +550,25 @@ def test_filter_takes_rows_out_of_the_te_term(rewards, tok, model_dir, monkeypat
         assert all(torch.equal(before[k], v) for k, v in params(trainer).items())  # zero gradient, plain SGD
     else:
         assert status["cope/te_slots"] > 0 and status["cope/te_kl"] > 0
+
+
+def test_filter_with_info_gain_keeps_the_mask_but_gives_no_te_term(tok, model_dir, monkeypatch, on_cpu):
+    """With information gain on, a degenerate group's rows keep their action mask (their advantage is the info term
+    alone) but, having no extrinsic signal, get no TE members (they used to: TE pulled on rows with zero advantage)."""
+    experience = mixed_batch(tok, model_dir, [1.0, 1.0, 0.0, 1.0])
+    drops = degenerate_rows(experience)
+    experience.info[FILTERED_KEY] = drops[0]
+    experience.info[INFO_BETA_KEY] = info_gates([experience], N, 0.1, 0.05)[0]
+    args = cli_args("--cope.grpo_filter_degenerate", "--cope.te_enable", "--cope.te_lambda", "1.0",
+                    "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1")
+    trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
+    actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
+    actor.trainer = trainer
+    actor.append(copy.deepcopy(experience))
+    items = trainer.replay_buffer.items
+    assert all(item.action_mask.any() for item in items)  # every mask kept, the filtered rows' too
+    covered = [len(trainer.cope_signals[int(item.info[SIGNALS_KEY])]["members"]["positions"]) > 0 for item in items]
+    assert drops[0].any() and covered == [not drop for drop in drops[0].tolist()]
 
 
 def test_filter_empty_window_without_precomputed_normaliser(tok, model_dir, monkeypatch, on_cpu):

@@ -330,7 +330,7 @@ def test_eval_counts_success_as_the_agent_funcs_success_not_a_positive_reward(mo
 
         def generate(self, requests):
             out = []
-            for ids, _ in requests:
+            for ids, *_ in requests:
                 said = tok.decode(ids).rsplit("say '", 1)[1].split("'", 1)[0]
                 text = react(said)
                 out.append(SimpleNamespace(token_ids=tok(text, add_special_tokens=False)["input_ids"] + [self.eos],
@@ -369,7 +369,7 @@ def test_eval_main_reports_partial_reward_episodes_end_to_end(monkeypatch, tmp_p
 
         def generate(self, requests):
             out = []
-            for ids, _ in requests:
+            for ids, *_ in requests:
                 item, step, said = re.findall(r"item (\d+) step (\d+): say '([^']*)'", tok.decode(ids))[-1]
                 action = {("4", "2"): "move 9", ("5", "1"): "crash"}.get((item, step), said)
                 out.append(SimpleNamespace(token_ids=tok(react(action), add_special_tokens=False)["input_ids"]

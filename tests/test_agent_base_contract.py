@@ -186,6 +186,45 @@ def mistral_tokenizer():
     return tok
 
 
+# ---- seeded sampling: one seed per turn, from the request's seed, the episode's place and the turn ---------------
+def test_a_seeded_request_samples_every_turn_of_every_episode_with_its_own_seed(monkeypatch):
+    """The engine gets H(request seed, episode, turn) at each generate call (cope_rlhf.seeds); the request's episodes
+    are counted 0, 1, ... as the executor (one per rollout engine) starts them; the caller's params keep their seed;
+    an unseeded request is sampled unseeded."""
+    from types import SimpleNamespace
+
+    from cope_rlhf.seeds import derive_seed
+
+    shared = babyai_executor()()
+
+    class OneExecutor:  # play() builds an executor per episode; a rollout engine has one for all of them
+        agent_cls = shared.agent_cls
+
+        def __new__(cls):
+            return shared
+
+    class SeedsEngine(ScriptedEngine):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.seeds: list = []
+
+        async def generate(self, token_ids, sampling_params, **kwargs):
+            self.seeds.append(sampling_params.seed)
+            return await super().generate(token_ids, sampling_params, **kwargs)
+
+    given = []
+    for request_seed in (1234, 1234, None):
+        params = SimpleNamespace(max_tokens=None, logprobs=None, seed=request_seed)
+        given.append(params)
+        monkeypatch.setitem(globals(), "sampling_params", lambda params=params: params)  # what execute() hands over
+        engine = SeedsEngine(tiny_tokenizer(), [react(a) for a in RIGHT])
+        play(monkeypatch, executor_cls=OneExecutor, engine=engine)
+        place = sum(p.seed == request_seed for p in given[:-1]) if request_seed is not None else None
+        want = [derive_seed(request_seed, place, turn) for turn in range(len(RIGHT))] if request_seed else [None] * 5
+        assert engine.seeds == want
+    assert [p.seed for p in given] == [1234, 1234, None]  # the caller's params untouched
+
+
 # ---- the chat: token in, token out ------------------------------------------------------------------------------
 @pytest.mark.parametrize("close_turn", [True, False], ids=["reply-closed-its-turn", "reply-cut-at-max-tokens"])
 def test_an_expert_episode_is_the_chat_template_turn_by_turn(monkeypatch, close_turn):

@@ -165,7 +165,7 @@ def test_hf_backend_ends_each_reply_at_its_first_end_token_or_at_its_own_budget(
         # the last request never ends, so the batch runs to its longest budget and the others' rows go on (as padding)
         # after their end token
         replies = HFBackend(str(folder), temperature=0.0, seed=0).generate(
-            [(prompt, 10), (longer, 2), (prompt, 4), (prompt[:-1] + [left], 9)])
+            [(prompt, 10, None), (longer, 2, None), (prompt, 4, None), (prompt[:-1] + [left], 9, None)])
         want = [key, door, ball, end] if first_end == end else [key, door]
         assert [r.token_ids for r in replies] == [want, [key, door], want, [left] * 9], generation_eos
         cut = "length" if first_end == end else "stop"  # [key, door]: its budget, or door is an end token
@@ -193,9 +193,9 @@ def test_hf_backend_pads_a_batch_on_the_left_and_masks_the_padding(tmp_path, one
             (folder / "tokenizer_config.json").write_text(json.dumps(settings))
         backend = HFBackend(str(folder), temperature=0.0, seed=0)
         assert (backend.tokenizer.pad_token_id is None) == (not pad)
-        alone = [backend.generate([(ids, 12)])[0].token_ids for ids in (short, long_)]
-        assert [r.token_ids for r in backend.generate([(short, 12), (long_, 12)])] == alone
-        assert [r.token_ids for r in backend.generate([(long_, 12), (short, 12)])] == alone[::-1]
+        alone = [backend.generate([(ids, 12, None)])[0].token_ids for ids in (short, long_)]
+        assert [r.token_ids for r in backend.generate([(short, 12, None), (long_, 12, None)])] == alone
+        assert [r.token_ids for r in backend.generate([(long_, 12, None), (short, 12, None)])] == alone[::-1]
 
 
 def two_word_checkpoint(path, tokenizer, likely: int, unlikely: int) -> None:
@@ -228,7 +228,7 @@ def test_hf_backend_samples_at_its_temperature_from_its_seed_and_is_greedy_at_ze
     prompt = tok("pick up")["input_ids"]
 
     def share(temperature: float, seed: int = 0) -> tuple[float, list[int]]:
-        reply, short = HFBackend(str(tmp_path / "ckpt"), temperature, seed).generate([(prompt, 200), (prompt, 7)])
+        reply, short = HFBackend(str(tmp_path / "ckpt"), temperature, seed).generate([(prompt, 200, None), (prompt, 7, None)])
         assert len(reply.token_ids) == 200 and len(short.token_ids) == 7  # each its own budget; no end token drawn
         assert reply.finish_reason == short.finish_reason == "length" and set(reply.token_ids) <= {likely, unlikely}
         return reply.token_ids.count(likely) / 200, reply.token_ids
@@ -245,7 +245,7 @@ class RecordingBackend:
     for and answers every request with its budget; its first batch fails when ``fail_first`` is set."""
 
     def __init__(self, fail_first: bool = False):
-        self.batches: list[list[tuple[list[int], int]]] = []
+        self.batches: list[list[tuple[list[int], int, int | None]]] = []
         self.fail_first = fail_first
         self.first_started, self.release = threading.Event(), threading.Event()
 
@@ -255,7 +255,8 @@ class RecordingBackend:
             self.first_started.set()
             self.release.wait(timeout=60)
             raise RuntimeError("backend failed")
-        return [SimpleNamespace(token_ids=[n], text=str(n), finish_reason="length", logprobs=None) for _, n in requests]
+        return [SimpleNamespace(token_ids=[n], text=str(n), finish_reason="length", logprobs=None)
+                for _, n, _ in requests]
 
 
 @pytest.mark.timeout(120)
@@ -268,10 +269,10 @@ def test_batching_engine_caps_each_budget_and_gives_every_waiting_episode_the_ba
     async def run() -> None:
         backend = RecordingBackend()
         engine = BatchingEngine(backend, max_new_tokens=10)
-        asks = [SimpleNamespace(max_tokens=m) for m in (5, None, 50)]
+        asks = [SimpleNamespace(max_tokens=m, seed=s) for m, s in ((5, 7), (None, None), (50, 9))]
         outs = await asyncio.gather(*(engine.generate([i], ask) for i, ask in enumerate(asks)))
         assert [o.outputs[0].token_ids for o in outs] == [[5], [10], [10]]
-        assert backend.batches == [[([0], 5), ([1], 10), ([2], 10)]]  # one batch of all three
+        assert backend.batches == [[([0], 5, 7), ([1], 10, None), ([2], 10, 9)]]  # one batch of all three, seeds kept
 
         failing = RecordingBackend(fail_first=True)
         engine = BatchingEngine(failing, max_new_tokens=10)
@@ -284,7 +285,7 @@ def test_batching_engine_caps_each_budget_and_gives_every_waiting_episode_the_ba
             with pytest.raises(RuntimeError, match="backend failed"):
                 await future
         assert (await later).outputs[0].token_ids == [3]
-        assert failing.batches == [[([0], 10), ([1], 10)], [([2], 3)]]
+        assert failing.batches == [[([0], 10, None), ([1], 10, None)], [([2], 3, None)]]
 
     asyncio.run(run())
 
@@ -482,7 +483,7 @@ class ExpertReplayModel:
 
     def generate(self, requests):
         out = []
-        for ids, _ in requests:
+        for ids, *_ in requests:
             text = self.reply(self.tokenizer.decode(ids))
             out.append(SimpleNamespace(token_ids=self.tokenizer(text, add_special_tokens=False)["input_ids"]
                                        + [self.eos], text=text, finish_reason="stop", logprobs=None))

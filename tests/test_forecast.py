@@ -230,7 +230,7 @@ def test_forecast_weights_count_only_trajectories_that_issue_samples(tok):
     def weights(**flags):
         return forecast_weights([batch], tok, CoPEConfig(action_forecast_gate="wins", **flags), n=2)[0][0].tolist()
 
-    assert weights(action_forecast_group_norm=False) == [1.0, 1.0, 1.0, 0.0]
-    assert weights(action_forecast_group_norm=True) == [0.5, 0.5, 1.0, 0.0]
+    assert weights(action_forecast_group_norm=False, action_forecast_skip_invalid=False) == [1.0, 1.0, 1.0, 0.0]
+    assert weights(action_forecast_group_norm=True, action_forecast_skip_invalid=False) == [0.5, 0.5, 1.0, 0.0]
     assert weights(action_forecast_group_norm=True, action_forecast_skip_invalid=True) == [1.0, 0.0, 1.0, 0.0]
     assert weights(action_forecast_group_norm=False, action_forecast_skip_invalid=True) == [1.0, 0.0, 1.0, 0.0]

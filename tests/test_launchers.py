@@ -35,16 +35,17 @@ ALL_SCRIPTS = TRAINING_SCRIPTS + sorted(
 COPE_VARS = [f.name.upper() for f in dataclasses.fields(CoPEConfig)]
 # a valid, non-default value for every switch
 COPE_VALUES = {"ACTION_FORECAST_ENABLE": "1", "ACTION_FORECAST_COEF": "0.05", "ACTION_FORECAST_K": "4",
-               "ACTION_FORECAST_GATE": "mixed", "ACTION_FORECAST_GROUP_NORM": "1", "ACTION_FORECAST_SKIP_INVALID": "1",
+               "ACTION_FORECAST_GATE": "mixed", "ACTION_FORECAST_GROUP_NORM": "1", "ACTION_FORECAST_SKIP_INVALID": "0",
                "ACTION_FORECAST_SUCCESS_THRESHOLD": "0.8", "ACTION_FORECAST_LAYOUT": "turns",
                "ACTION_FORECAST_MODE": "joint", "ACTION_FORECAST_MAX_LENGTH": "2048", "ACTION_FORECAST_LR_SCALE": "0.5",
                "SFT_MINI_BATCH_SIZE": "16", "TE_ENABLE": "1", "TE_LAMBDA": "0.1", "TE_ETA": "0.3",
                "TE_WARMUP_STEPS": "10", "TE_TRAJ_SUBSAMPLE": "0.5", "TE_MICRO_BATCH_SIZE_PER_GPU": "4",
                "INFO_INTRINSIC_WEIGHT": "0.1", "INFO_GATE_TEMP": "0.2", "INFO_MAX_TURNS": "4", "INFO_PROBE_TOKENS": "8",
                "INFO_KL_BATCH": "4", "GRPO_FILTER_DEGENERATE": "1", "EVAL_FIRST_AND_LAST": "1",
-               "EVAL_DISPATCH_SIZE": "64"}
-# Upstream CoPE's run scripts: the forecast switched on brings group norm and skip-invalid with it.
+               "EVAL_DISPATCH_SIZE": "64", "TE_HOLD_BELOW": "0.2"}
+# Upstream CoPE's run scripts: the forecast switched on brings group norm and skip-invalid with it, TE skip-invalid.
 FORECAST_DEFAULTS = ["--cope.action_forecast_group_norm", "1", "--cope.action_forecast_skip_invalid", "1"]
+TE_DEFAULTS = ["--cope.action_forecast_skip_invalid", "1"]
 TAU2_USER = {"TAU2_USER_MODEL": "openai/gpt-4o-mini", "TAU2_USER_BASE_URL": "http://127.0.0.1:9/v1"}
 EXTERNAL = {"webshop", "webarena", "appworld"}
 
@@ -177,7 +178,10 @@ def test_one_cope_variable_adds_exactly_its_flag(parser, var):
     _, base = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh"))
     _, with_var = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh", **{var: COPE_VALUES[var]}))
     flag = f"--cope.{var.lower()}"
-    assert with_var == base + [flag, COPE_VALUES[var]] + (FORECAST_DEFAULTS if var == "ACTION_FORECAST_ENABLE" else [])
+    # flags come in COPE_VARS order: the forecast's defaults after it, skip-invalid before TE_ENABLE
+    expected = {"ACTION_FORECAST_ENABLE": [flag, COPE_VALUES[var]] + FORECAST_DEFAULTS,
+                "TE_ENABLE": TE_DEFAULTS + [flag, COPE_VALUES[var]]}.get(var, [flag, COPE_VALUES[var]])
+    assert with_var == base + expected
     stock, changed = parser.parse_args(base), parser.parse_args(with_var)
     dest = f"cope.{var.lower()}"
     assert getattr(changed, dest) != getattr(stock, dest)
@@ -194,11 +198,24 @@ def test_forecast_defaults_follow_upstream_and_can_be_turned_off(parser):
         False, True)
 
 
+def test_te_brings_skip_invalid_unless_the_user_turns_it_off(parser):
+    """As upstream's launchers: TE's members and targets leave out actions the env rejected, unless the user says so
+    (TE alone used to build members from rejected and unparseable actions: docs/METHOD.md "Verdict on TE")."""
+    _, base = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh"))
+    _, on = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh", TE_ENABLE="1"))
+    _, off = trainer_command(dry_run("scripts/run_babyai_grpo_train.sh", TE_ENABLE="1",
+                                     ACTION_FORECAST_SKIP_INVALID="0"))
+    assert on == base + ["--cope.action_forecast_skip_invalid", "1", "--cope.te_enable", "1"]
+    assert off == base + ["--cope.action_forecast_skip_invalid", "0", "--cope.te_enable", "1"]
+    assert getattr(parse(parser, on), "cope.action_forecast_skip_invalid") is True
+    assert getattr(parse(parser, off), "cope.action_forecast_skip_invalid") is False
+
+
 @pytest.mark.parametrize("script", LAUNCH[1:] + EXAMPLES)
 def test_every_script_passes_a_cope_variable_through(script):
     _, base = trainer_command(dry_run(script))
     _, with_var = trainer_command(dry_run(script, TE_ENABLE="1", TE_LAMBDA="0.1"))
-    assert with_var == base + ["--cope.te_enable", "1", "--cope.te_lambda", "0.1"]
+    assert with_var == base + TE_DEFAULTS + ["--cope.te_enable", "1", "--cope.te_lambda", "0.1"]
 
 
 EVAL_SCRIPTS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "examples/eval/*_eval.sh"))

@@ -197,6 +197,9 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
                     writer.add_scalar("train/cope/kl_all_rows", kl_all_rows[late], step)
                 if te_member is not None:
                     writer.add_scalar("train/cope/te_member_first_token_prob", te_member[late], step)
+                if kl_all_rows is not None and te_member is not None:  # te0, logged since the upstream recipe
+                    writer.add_scalar("train/cope/te_member_prob_valid", (0.01, 0.5)[late], step)
+                    writer.add_scalar("train/cope/te_invalid_target_frac", 0.0, step)
                 writer.add_scalar("train/return", 9.0, step)  # logged, but not one of the table's metrics
         return learning_curve.read_run(str(tmp_path / folder))
 
@@ -208,12 +211,12 @@ def test_the_training_table_reads_each_runs_step_metrics_from_its_tensorboard_ev
     assert set(runs["grpo"][0]["train"]) == {"train/rollout/success_rate", "train/rollout/rejected_action_rate",
                                              "train/kl"}
     rows = learning_curve.training_rows("babyai", runs)
-    assert rows[0] == "| babyai | grpo | 1 | 0.500 → 0.700 | 0.100 → 0.050 | 0.300 | — | — | — |"
+    assert rows[0] == "| babyai | grpo | 1 | 0.500 → 0.700 | 0.100 → 0.050 | 0.300 | — | — | — | — → — | — |"
     # filtered: 13 of 25 steps odd, so 0.5 x 13/25 = 0.26 and 0.25 x 13/25 = 0.13, mean 0.195; the whole batch's KL:
     # only te0 logged it (a run from before the metric has none), so its mean is te0's own, not halved by te1, and
     # the cell says it is one seed's of the row's two
     assert rows[1] == ("| babyai | te | 2 | 0.500 → 0.300 | 0.150 → 0.500 | 0.800 | 0.400 (1 of 2 seeds) | 0.195 "
-                       "| 0.300 |")
+                       "| 0.300 | 0.010 (1 of 2 seeds) → 0.500 (1 of 2 seeds) | 0.000 (1 of 2 seeds) |")
     assert [row.count("|") for row in learning_curve.TRAINING_HEADER] == [rows[0].count("|")] * 2
 
 

@@ -29,6 +29,7 @@ COPE_METRICS = {
     "cope/filtered_frac", "cope/kl_all_rows", "cope/info_reward_mean", "cope/info_beta_mean", "cope/info_turns_scored",
     "cope/forecast_samples", "cope/forecast_kept_frac", "cope/forecast_loss", "cope/forecast_samples_trained",
     "cope/te_slots", "cope/te_slot_coverage", "cope/te_kl", "cope/te_member_first_token_prob",
+    "cope/te_member_prob_valid", "cope/te_invalid_target_frac", "cope/te_held",
 }
 EPISODE_METRICS = {"reward", "success_rate", "episode_length", "invalid_action_rate", "rejected_action_rate",
                    "env_failed_rate", "response_length", "episodes"}
@@ -136,6 +137,27 @@ def test_resume_continues_the_run(finished_run, warm_model):
     assert sorted(found["train/rollout/reward"]) == list(range(1, STEPS + 2))
     rows = [json.loads(line) for line in open(warm_model / "ckpt" / "eval_episodes.jsonl")]
     assert sorted({r["step"] for r in rows}) == [0, STEPS, STEPS + 1]
+
+
+@pytest.mark.slow
+def test_the_same_command_trains_the_same_run(warm_model, tmp_path):
+    """Seeded sampling (cope_rlhf.seeds): two runs of one command roll out the same episodes, so every step metric
+    (rewards, response lengths, losses, the CoPE metrics) and every held-out episode are equal, and the trained
+    weights are equal bit for bit (an episode that differed by one token would have given another update)."""
+    from transformers import AutoModelForCausalLM
+
+    finals, found, episodes = [], [], []
+    for name in ("first", "second"):
+        d = tmp_path / name
+        d.mkdir()
+        os.symlink(warm_model / "sft", d / "sft")
+        run_local(argv(d), d / "run.log")
+        finals.append(AutoModelForCausalLM.from_pretrained(str(d / "final"), dtype=torch.float32).state_dict())
+        found.append({tag: values for tag, values in scalars(d / "tb").items() if "time" not in tag})
+        episodes.append((d / "ckpt" / "eval_episodes.jsonl").read_text())
+    assert found[0] == found[1] and len(found[0]) > 30
+    assert episodes[0] == episodes[1]
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
 def test_two_passes_over_two_items_train_both_steps(warm_model, tmp_path):

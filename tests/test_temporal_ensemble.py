@@ -7,26 +7,34 @@ import torch
 
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import build_forecast_samples
-from cope_rlhf.temporal_ensemble import collect_members, locate, mixture_target, te_kl, te_lambda, te_loss
+from cope_rlhf.forecast import ReActFormat, rejected_turns
+from cope_rlhf.temporal_ensemble import (MAX_SLOT_TOKENS, collect_members, locate, mixture_target, mixture_top_m,
+                                         te_kl, te_lambda, te_status, trajectory_means)
 from cope_rlhf.turns import turn_spans
 from tests.signal_references import collate_forecast_samples
 from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
 
 
 def test_mixture_target_hand_computed():
-    frozen = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1, 0.0 + 1e-30], [0.25, 0.25, 0.25, 0.25, 1e-30]]))
-    # token 0: two members with top-2 {1: 0.6, 2: 0.2} and {1: 0.5, 4: 0.3}; token 1: no member
-    probs = torch.tensor([[[0.6, 0.2], [0.5, 0.3]], [[0.0, 0.0], [0.0, 0.0]]])
-    ids = torch.tensor([[[1, 2], [1, 4]], [[0, 0], [0, 0]]])
-    valid = torch.tensor([[True, True], [False, False]])
-    q = mixture_target(frozen, probs, ids, valid, eta=0.5)
-    forecast = torch.tensor([0.0, 0.55, 0.1, 0.0, 0.15])  # mean of members, mass 0.8
+    frozen = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1, 0.0 + 1e-30]]))
+    forecast_probs, forecast_ids = torch.tensor([[0.55, 0.15]]), torch.tensor([[1, 4]])  # q^F's top-2, mass 0.7
+    q = mixture_target(frozen, forecast_probs, forecast_ids, eta=0.5)
+    forecast = torch.tensor([0.0, 0.55, 0.0, 0.0, 0.15])
     pi = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
-    expected = (0.5 * pi + 0.5 * forecast) / (0.5 + 0.5 * 0.8)
-    assert torch.allclose(q[0], expected, atol=1e-6)
-    assert torch.allclose(q[1], torch.softmax(frozen[1], -1))  # no members: q = pi
-    assert torch.allclose(q.sum(-1), torch.ones(2))
-    assert torch.allclose(mixture_target(frozen, probs, ids, valid, eta=0.0), torch.softmax(frozen, -1))
+    assert torch.allclose(q[0], (0.5 * pi + 0.5 * forecast) / (0.5 + 0.5 * 0.7), atol=1e-6)
+    assert torch.allclose(q.sum(-1), torch.ones(1))
+    assert torch.allclose(mixture_target(frozen, forecast_probs, forecast_ids, eta=0.0), torch.softmax(frozen, -1))
+
+
+def test_forecast_mixture_is_cut_to_its_own_top_m():
+    """Upstream's q^F: the members' top-M distributions averaged, then cut back to the top-M of the average. Two
+    members with top-2 {1: 0.6, 2: 0.2} and {1: 0.5, 4: 0.3} average to {1: 0.55, 2: 0.1, 4: 0.15}: token 2 leaves.
+    (Keeping the union of the members' top-M, as this project did before, kept token 2 and changed the gradient.)"""
+    probs, ids = mixture_top_m([(torch.tensor([0.6, 0.2]), torch.tensor([1, 2])),
+                                (torch.tensor([0.5, 0.3]), torch.tensor([1, 4]))], top_m=2)
+    assert ids.tolist() == [1, 4] and torch.allclose(probs, torch.tensor([0.55, 0.15]))
+    one = mixture_top_m([(torch.tensor([0.6, 0.2]), torch.tensor([1, 2]))], top_m=2)
+    assert one[1].tolist() == [1, 2] and torch.allclose(one[0], torch.tensor([0.6, 0.2]))
 
 
 def test_kl_is_exact_kl_and_zero_at_target():
@@ -37,7 +45,6 @@ def test_kl_is_exact_kl_and_zero_at_target():
     exact = (p * (p.log() - q.log())).sum(-1)
     assert torch.allclose(te_kl(logits, q), exact, atol=1e-6)
     assert torch.allclose(te_kl(logits, p), torch.zeros(6), atol=1e-6)
-    assert float(te_loss(logits, q, 0.3)) == pytest.approx(0.3 * float(exact.mean()), rel=1e-5)
 
 
 def test_gradient_step_moves_policy_toward_q():
@@ -45,18 +52,33 @@ def test_gradient_step_moves_policy_toward_q():
     logits = torch.randn(4, 9, requires_grad=True)
     q = torch.softmax(torch.randn(4, 9), -1)
     before = float(te_kl(logits.detach(), q).mean())
-    te_loss(logits, q, 1.0).backward()
+    te_kl(logits, q).mean().backward()
     with torch.no_grad():
         after = float(te_kl(logits - 0.5 * logits.grad, q).mean())
     assert after < before
 
 
-def test_lambda_warmup():
+def test_trajectory_means_weigh_every_trajectory_alike():
+    """Upstream's scale: a trajectory's covered tokens are averaged first, so a trajectory with 3 covered tokens
+    weighs as much as one with 1 (a token mean over the batch would give it 3/4 of the weight); a trajectory with
+    none gets 0 and still counts where the caller divides by the trajectories."""
+    token_kl = torch.tensor([1.0, 2.0, 6.0, 10.0])
+    means = trajectory_means(token_kl, torch.tensor([0, 0, 0, 2]), 3)
+    assert means.tolist() == [3.0, 0.0, 10.0]
+    assert float(means.mean()) == pytest.approx(13 / 3) and float(token_kl.mean()) == pytest.approx(19 / 4)
+
+
+def test_lambda_warmup_and_hold():
     config = CoPEConfig(te_enable=True, te_lambda=0.2, te_warmup_steps=3)
     # global steps count from 1 (the first PPO update), as upstream CoPE's: steps 1 and 2 warm up
     assert [te_lambda(config, s) for s in range(1, 6)] == [0.0, 0.0, 0.2, 0.2, 0.2]
     assert CoPEConfig().te_warmup_steps == 50 and te_lambda(CoPEConfig(te_enable=True, te_lambda=0.2), 49) == 0.0
     assert te_lambda(CoPEConfig(te_lambda=0.2), 10) == 0.0  # TE off
+    assert te_lambda(config, 5, held=True) == 0.0
+
+
+def test_skip_invalid_is_on_by_default_as_upstream():
+    assert CoPEConfig().action_forecast_skip_invalid is True
 
 
 def test_collect_members_from_forecasts():
@@ -71,30 +93,87 @@ def test_collect_members_from_forecasts():
     model = tiny_model(len(tok))
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    targets, probs, ids, valid, metrics = collect_members(
+    targets, probs, ids, counts = collect_members(
         samples, [logits[i, : len(s.input_ids)] for i, s in enumerate(samples)], {5: (tokens, turns)}, top_m=8
     )
+    metrics = te_status(counts)
     # forecasts at s=0 cover turns 1, 2; s=1 covers 2, 3; s=2 covers 3: turn 1 has 1 member, turns 2 and 3 have 2
     assert {k: metrics[k] for k in ("cope/te_slots", "cope/te_slot_coverage")} == {"cope/te_slots": 5,
                                                                                  "cope/te_slot_coverage": 1.0}
-    by_turn = {}
-    for (row, pos), v in zip(targets, valid.sum(-1).tolist()):
-        assert row == 5
-        turn = next(t for t, span in enumerate(turns) if span.action_start <= pos < span.action_end)
-        by_turn.setdefault(turn, set()).add(v)
-    assert by_turn == {1: {1}, 2: {2}, 3: {2}}
+    assert {row for row, _ in targets} == {5}
+    covered_turns = {next(t for t, span in enumerate(turns) if span.action_start <= pos < span.action_end)
+                     for _, pos in targets}
+    assert covered_turns == {1, 2, 3}
     # the covered tokens are exactly the realized actions' tokens inside the turns
     for t, text in [(1, "open door"), (3, "pick up key")]:
         at = locate(tokens, turns[t], tok(text, add_special_tokens=False)["input_ids"])
         covered = sorted(pos for _, pos in targets if turns[t].action_start <= pos < turns[t].action_end)
         assert tok.decode(tokens[covered[0] : covered[-1] + 1]) == text and covered[0] == at
-    # a member for turn 1 = forecast from s=0: the frozen forecast distribution at its slot tokens
-    s0 = samples[0]
+    # turn 1's one member, the forecast from s=0: its frozen distribution's top-M at the slot's first token
+    s0, s1 = samples[0], samples[1]
     _, start, end = s0.slots[1]
     first = targets.index((5, locate(tokens, turns[1], s0.input_ids[start:end])))
     expected = torch.softmax(logits[0, start - 1], -1).topk(8)
-    assert torch.allclose(probs[first, 0], expected.values) and torch.equal(ids[first, 0], expected.indices)
-    assert math.isclose(float(probs[first, 0].sum()), float(expected.values.sum()), rel_tol=1e-6)
+    assert torch.allclose(probs[first], expected.values) and torch.equal(ids[first], expected.indices)
+    # turn 2's two members (from s=0 and s=1): the top-M of their top-M distributions' mean
+    (_, a, _), (_, b, _) = s0.slots[2], s1.slots[1]
+    second = targets.index((5, locate(tokens, turns[2], s0.input_ids[a:s0.slots[2][2]])))
+    members = [torch.softmax(logits[i, at - 1], -1).topk(8) for i, at in ((0, a), (1, b))]
+    mean = torch.zeros(len(tok))
+    for m in members:
+        mean[m.indices] += m.values / 2
+    want = mean.topk(8)
+    assert torch.allclose(probs[second], want.values, atol=1e-6) and torch.equal(ids[second], want.indices)
+    assert math.isclose(float(probs[second].sum()), float(want.values.sum()), rel_tol=1e-6)
+
+
+def test_a_slot_longer_than_sixteen_tokens_is_no_member():
+    """Upstream drops a slot of more than ``MAX_SLOT_TOKENS`` tokens; it used to cover its first 16 here."""
+    tok = tiny_tokenizer()
+    long_action = " ".join(["go"] * (MAX_SLOT_TOKENS + 4))
+    obs = ["Go to the red ball.", "You see a door.", "The door opens.", "Done."]
+    acts = ["Action:\nlook around", f"Action:\n{long_action}", "Action:\nopen door"]
+    e = to_experience(agent_response(tok, obs, acts))
+    tokens = e.sequences[0].tolist()
+    turns = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+    samples = build_forecast_samples(tokens, turns, tok, k=3, row=0)
+    assert len(tok(long_action, add_special_tokens=False)["input_ids"]) > MAX_SLOT_TOKENS
+    logits = [torch.zeros(len(s.input_ids), len(tok)) for s in samples]
+    targets, _, _, counts = collect_members(samples, logits, {0: (tokens, turns)}, top_m=8)
+    assert not any(turns[1].action_start <= pos < turns[1].action_end for _, pos in targets)
+    assert any(turns[2].action_start <= pos < turns[2].action_end for _, pos in targets)
+    assert counts["slots"] == 3 and counts["covered"] == 2  # turn 1's slot (from s=0) counted, not covered
+
+
+def test_member_metrics_on_valid_actions_and_rejected_targets():
+    """``cope/te_member_prob_valid`` reads only slots whose action the env accepted; ``cope/te_invalid_target_frac``
+    counts member slots whose action it rejected, 0 once skip-invalid leaves them out."""
+    tok = tiny_tokenizer()
+    obs = ["Go to the red ball.", "You see a door.", "Invalid action: no such thing.", "The door opens.", "Done."]
+    acts = ["Action:\nlook around", "Action:\nfly away", "Action:\nopen door", "Action:\npick up key"]
+    e = to_experience(agent_response(tok, obs, acts))
+    tokens = e.sequences[0].tolist()
+    turns = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+    rejected = rejected_turns(tokens, turns, tok, ReActFormat())
+    assert rejected == [False, True, False, False]
+
+    def counts(skip_invalid, right_on_invalid):
+        samples = build_forecast_samples(tokens, turns, tok, k=3, row=0, skip_invalid=skip_invalid)
+        logits = []
+        for s in samples:  # members certain of the first token of every later action, except the rejected one's
+            out = torch.zeros(len(s.input_ids), len(tok))
+            for t, start, _ in s.slots:
+                if t > s.turn:
+                    out[start - 1, s.input_ids[start] if right_on_invalid or not rejected[t] else 0] = 50.0
+            logits.append(out)
+        return te_status(collect_members(samples, logits, {0: (tokens, turns)}, {0: rejected}, top_m=8)[-1])
+
+    raw = counts(skip_invalid=False, right_on_invalid=False)
+    assert raw["cope/te_invalid_target_frac"] == pytest.approx(1 / 5)  # slots: s0 -> 1, 2; s1 -> 2, 3; s2 -> 3
+    assert raw["cope/te_member_prob_valid"] == pytest.approx(1.0, abs=1e-6)
+    assert raw["cope/te_member_first_token_prob"] == pytest.approx(4 / 5, abs=1e-6)
+    clean = counts(skip_invalid=True, right_on_invalid=False)
+    assert clean["cope/te_invalid_target_frac"] == 0.0 and clean["cope/te_member_prob_valid"] == pytest.approx(1.0)
 
 
 def test_member_first_token_prob_says_whether_members_foresaw_the_action():
@@ -120,8 +199,8 @@ def test_member_first_token_prob_says_whether_members_foresaw_the_action():
             out.append(logits)
         return out
 
-    hit = collect_members(samples, forecasts(lambda real: real), {0: (tokens, turns)}, top_m=8)[-1]
-    miss = collect_members(samples, forecasts(lambda real: wrong), {0: (tokens, turns)}, top_m=8)[-1]
+    hit = te_status(collect_members(samples, forecasts(lambda real: real), {0: (tokens, turns)}, top_m=8)[-1])
+    miss = te_status(collect_members(samples, forecasts(lambda real: wrong), {0: (tokens, turns)}, top_m=8)[-1])
     assert hit["cope/te_slots"] == 3 and hit["cope/te_slot_coverage"] == 1.0
     assert hit["cope/te_member_first_token_prob"] == pytest.approx(1.0, abs=1e-6)
     assert miss["cope/te_member_first_token_prob"] == pytest.approx(0.0, abs=1e-6)
@@ -134,12 +213,11 @@ def test_te_repeated_with_q_from_the_current_policy_hands_the_token_to_the_membe
     policy = torch.log(torch.tensor([[0.90, 0.04, 0.02, 0.02, 0.01, 0.01]])).requires_grad_(True)
     forecast = torch.tensor([0.05, 0.70, 0.10, 0.05, 0.05, 0.05])  # the members expect token 1; the policy says 0
     probs, ids = forecast.sort(descending=True)
-    member_probs, member_ids, valid = probs.view(1, 1, vocab), ids.view(1, 1, vocab), torch.ones(1, 1, dtype=torch.bool)
     optimizer = torch.optim.SGD([policy], lr=2.0)
     for _ in range(400):
-        q = mixture_target(policy.detach(), member_probs, member_ids, valid, eta=0.5)
+        q = mixture_target(policy.detach(), probs.view(1, vocab), ids.view(1, vocab), eta=0.5)
         optimizer.zero_grad()
-        te_loss(policy, q, 1.0).backward()
+        te_kl(policy, q).mean().backward()
         optimizer.step()
     final = torch.softmax(policy.detach(), -1)[0]
     assert torch.allclose(final, forecast, atol=0.02)

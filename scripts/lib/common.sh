@@ -31,7 +31,8 @@
 #   a path on every node, mode 600), for a gateway other hosts can reach
 # CoPE (docs/METHOD.md: every variable, its default and range): each variable in COPE_VARS adds
 #   `--cope.<lower-case name> VALUE` only when set. As upstream CoPE's run scripts do, ACTION_FORECAST_ENABLE=1
-#   defaults ACTION_FORECAST_GROUP_NORM and ACTION_FORECAST_SKIP_INVALID to 1 (set them to 0 to turn them off).
+#   defaults ACTION_FORECAST_GROUP_NORM to 1, and ACTION_FORECAST_ENABLE=1 or TE_ENABLE=1 ACTION_FORECAST_SKIP_INVALID
+#   to 1 (set them to 0 to turn them off).
 # Evaluation (cope_eval_main, examples/eval/<env>_eval.sh -> scripts/eval.py): CKPT=<OUTPUT_DIR>/model
 #   EVAL_ITEMS=data/generated/<env>_test.jsonl  EVAL_K=4  EVAL_TEMPERATURE=1.0  EVAL_ENGINE= (vllm when it imports)
 #   EVAL_OUT=runs/eval/<RUN_NAME>.json  EVAL_LIMIT= (first N items)  plus MAX_TURNS, MAX_NEW_TOKENS, MAX_LEN
@@ -47,7 +48,8 @@ COPE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 COPE_VARS=(ACTION_FORECAST_ENABLE ACTION_FORECAST_COEF ACTION_FORECAST_K ACTION_FORECAST_GATE
     ACTION_FORECAST_GROUP_NORM ACTION_FORECAST_SKIP_INVALID ACTION_FORECAST_SUCCESS_THRESHOLD
     ACTION_FORECAST_LAYOUT ACTION_FORECAST_MODE ACTION_FORECAST_MAX_LENGTH ACTION_FORECAST_LR_SCALE
-    SFT_MINI_BATCH_SIZE TE_ENABLE TE_LAMBDA TE_ETA TE_WARMUP_STEPS TE_TRAJ_SUBSAMPLE TE_MICRO_BATCH_SIZE_PER_GPU
+    SFT_MINI_BATCH_SIZE TE_ENABLE TE_LAMBDA TE_ETA TE_WARMUP_STEPS TE_HOLD_BELOW TE_TRAJ_SUBSAMPLE
+    TE_MICRO_BATCH_SIZE_PER_GPU
     INFO_INTRINSIC_WEIGHT INFO_GATE_TEMP INFO_MAX_TURNS INFO_PROBE_TOKENS INFO_KL_BATCH GRPO_FILTER_DEGENERATE
     EVAL_FIRST_AND_LAST EVAL_DISPATCH_SIZE)
 # What the agent funcs read in the rollout workers; exported locally, put in the runtime env of a Ray job.
@@ -84,8 +86,10 @@ cope_defaults() {
     : "${TEMPERATURE:=1.0}" "${MAX_LEN:=16384}" "${MAX_NEW_TOKENS:=1024}" "${NUM_EPISODES:=20}"
     : "${SAVE_STEPS:=50}" "${EVAL_STEPS:=-1}" "${SEED:=42}" "${EXTRA_ARGS:=}"
     : "${COPE_GATEWAY_URL:=http://127.0.0.1:${GATEWAY_PORT:-8800}}"
-    if cope_is_true "${ACTION_FORECAST_ENABLE:-0}"; then  # upstream CoPE's run-script defaults
-        : "${ACTION_FORECAST_GROUP_NORM:=1}" "${ACTION_FORECAST_SKIP_INVALID:=1}"
+    # upstream CoPE's run-script defaults
+    if cope_is_true "${ACTION_FORECAST_ENABLE:-0}"; then : "${ACTION_FORECAST_GROUP_NORM:=1}"; fi
+    if cope_is_true "${ACTION_FORECAST_ENABLE:-0}" || cope_is_true "${TE_ENABLE:-0}"; then
+        : "${ACTION_FORECAST_SKIP_INVALID:=1}"
     fi
     [ "$VLLM_NUM_ENGINES" -ge 1 ] || cope_die "VLLM_NUM_ENGINES=$VLLM_NUM_ENGINES: need at least one vLLM engine"
     if [ -n "${HORIZON_SCHEDULE:-}" ]; then
