@@ -57,7 +57,7 @@ from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 from agent_funcs.instructions import ACKNOWLEDGEMENT
 from cope_rlhf.chat_format import parse_react_action, realized_action
 from cope_rlhf.seeds import derive_seed, with_seed
-from env_gateway.client import EnvSession, GatewayClient
+from env_gateway.client import EnvSession, GatewayClient, Overloaded
 
 log = logging.getLogger("agent_funcs")
 
@@ -259,7 +259,7 @@ class GatewayAgent(AgentInstanceBase):
     async def reset(self, states: dict, **kwargs: Any) -> dict:
         self.item_id = self.item_from(states.get("observation", ""), states.get("label"))
         try:
-            opened = await self._timed(self.client.create(self.env, self.item_id, timeout=self._call_budget()))
+            opened = await self._create()
         except Exception as e:  # noqa: BLE001 - one bad env answer must not take the whole batch with it
             self.fail(f"opening the session failed: {type(e).__name__}: {e}")
             return {"observation": self.first_prompt("The environment is unavailable: this episode is void.", {})}
@@ -300,6 +300,18 @@ class GatewayAgent(AgentInstanceBase):
             raise ValueError(f"{self.env} agent func: prompt {prompt!r} is not '{self.env}/<item_id>' and the label "
                              "is empty: build the dataset with scripts/make_itemids.py")
         return item
+
+    async def _create(self) -> Any:
+        """Open the session. "Full, retry later" (503: every replica busy or at its instance limit) is asked again
+        after its Retry-After for as long as the episode's deadline allows, not only within one call's deadline."""
+        while True:
+            try:
+                return await self._timed(self.client.create(self.env, self.item_id, timeout=self._call_budget()))
+            except Overloaded as e:
+                wait = e.retry_after or 1.0
+                if time.monotonic() + wait >= self.deadline:
+                    raise
+                await asyncio.sleep(wait)
 
     def _call_budget(self) -> float:
         return max(0.001, min(self.call_timeout, self.deadline - time.monotonic()))

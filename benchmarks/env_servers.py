@@ -3,7 +3,7 @@ sessions held at once, server RSS. Usage: .venv/bin/python benchmarks/env_server
 import statistics, sys, time, os
 from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from env_gateway.servers.process import EnvServerProcess
+from env_gateway.process import EnvServerProcess
 
 name = sys.argv[1]
 def rss(pid):

@@ -11,7 +11,8 @@ episodes (create, reset, S steps, close), it measures episodes/s and p50/p99 ste
   (e) bare      our GatewayClient through benchmarks/bare_proxy.py: the gateway's request path without any of its
                 guarantees (admission control, deadlines, failure handling, metrics), i.e. what those cost
   (f) aiohttp   our GatewayClient through the gateway with aiohttp's ClientSession as its backend transport instead of
-                env_gateway/http1.py (benchmarks/aiohttp_gateway.py): what the hand-written client is worth
+                env_gateway/http1.py (its own asyncio protocol, parsing with llhttp through httptools;
+                benchmarks/aiohttp_gateway.py): the transport decision
 
 Every cell first runs one untimed episode per concurrent worker (each method opens its connections and warms its
 code paths), then times max(waves x concurrency, min-episodes) episodes. Every observation is checked against the
@@ -19,7 +20,8 @@ episode's item (no cross-talk), and the backend's own counts of
 create/reset/step/close calls must equal what the clients sent (no request lost or duplicated). Prints the
 table (with the CPU time each process spent per request, which other load on the machine does not skew),
 the ratios a/c, a/b, a/d, a/e and a/f, and the gateway-added latency: the gateway's own p50 (its
-cope_gateway_overhead_seconds histogram) and the client-seen difference p50(a) - p50(b).
+cope_gateway_overhead_seconds histogram) and the client-seen difference p50(a) - p50(b). With (f) in the run it ends
+on the transport decision: episodes/s a/f and the gateway process's CPU per backend request f/a, per cell.
 
 With ``--repeats R`` every cell runs R times, the methods interleaved (a b c d e f, a b c d e f, ...), so slow spells of
 the machine hit every method alike; the ratios are then the median over the R paired runs, with their range.
@@ -55,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from env_gateway.client import GatewayClient  # noqa: E402
-from env_gateway.servers.process import wait_listening  # noqa: E402
+from env_gateway.process import wait_listening  # noqa: E402
 from env_gateway.fake_backend import FakeBackendProcess, expected_action, observation_text  # noqa: E402
 
 TIMEOUT = 120.0
@@ -373,6 +375,15 @@ def main() -> None:
             if added:
                 parts.append(f"p50(a)-p50(b) = {added} ms")
             print("  ".join(parts))
+    if "aiohttp" in args.methods and "gateway" in args.methods:
+        print(f"\nbackend transport: env_gateway/http1.py (llhttp via httptools) against aiohttp's client (f){runs}:")
+        for delay in args.delays:
+            for conc in args.concurrency:
+                eps = paired(delay * 1000, conc, "aiohttp", lambda a, o: a["eps_per_s"] / o["eps_per_s"])
+                cpu = paired(delay * 1000, conc, "aiohttp", lambda a, o: o["cpu_us"][1] / a["cpu_us"][1])
+                if eps:
+                    print(f"  {delay * 1000:>4g}ms conc={conc:>4}: episodes/s a/f = {eps}x  gateway CPU per backend "
+                          f"request f/a = {cpu}x")
     print("\nno request lost or duplicated: backend call counts equal the clients' in every cell")
     if args.json:
         with open(args.json, "w") as f:

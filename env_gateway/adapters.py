@@ -12,7 +12,14 @@ An adapter maps the gateway's three verbs onto a backend's own HTTP protocol:
 
 Every failure to get a usable answer raises ``BackendError`` naming the backend URL and the cause;
 ``retryable`` says whether trying another replica may help (connection refused or reset, a timeout,
-or a 5xx), and ``reached`` whether the request may have been seen by the backend.
+or a 5xx), ``reached`` whether the request may have been seen by the backend, and ``answered`` whether the backend
+answered at all (an HTTP error status, or an answer the protocol cannot use: not HTTP, over the size limit, not
+standard JSON, a field missing or of the wrong type); only a backend that did not answer is taken for down.
+What a backend answered is trusted for nothing: JSON with NaN or Infinity, a reward that is not a finite number,
+``done`` that is not true/false are unusable answers. A cause is short and says what went wrong in the protocol's
+terms (the method, path, HTTP status and the backend's error code); the backend's own text (a 5xx body can be a
+traceback) goes to the log, never into a cause, except a 4xx's ``detail``, cut to 160 characters, which tells the
+caller what was wrong with the request.
 
 AgentGym's servers differ only in small ways, so ``AgentGymAdapter`` is the
 whole protocol and each variant is a few lines:
@@ -38,12 +45,49 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 from env_gateway.http1 import Http1Pool, HttpError
-from env_gateway.servers._base import short
+from env_gateway.secret_file import redact
+from env_gateway.servers._base import non_finite, short
+
+log = logging.getLogger("env_gateway")
+ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,39}")  # what a backend's "error" field must look like to be shown
+REJECTION_CHARS = 160  # of a 4xx's "detail" shown to the caller
+
+
+def finite_float(text: str) -> float:
+    """json.loads' hook for numbers with a fraction or exponent: 1e999 parses to inf, which JSON cannot carry on."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is out of range for a JSON number")
+    return value
+
+
+def loads(raw: bytes) -> Any:
+    """Standard JSON only: NaN, Infinity and numbers that overflow to them are refused (ValueError)."""
+    return json.loads(raw, parse_constant=non_finite, parse_float=finite_float)
+
+
+def _error_of(raw: bytes) -> tuple[str, str]:
+    """(error code, detail) of an error answer's body, each "" unless it is one: a code-like "error" field, and a
+    "detail" string on one line, cut to REJECTION_CHARS."""
+    try:
+        data = loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return "", ""
+    if not isinstance(data, dict):
+        return "", ""
+    code = data.get("error")
+    code = code if isinstance(code, str) and ERROR_CODE.fullmatch(code) else ""
+    detail = data.get("detail")
+    detail = " ".join(redact(detail).split())[:REJECTION_CHARS] if isinstance(detail, str) else ""
+    return code, detail
 
 
 @dataclass(frozen=True)
@@ -58,10 +102,17 @@ class BackendError(Exception):
     """A backend call that did not give a usable answer."""
 
     def __init__(self, url: str, cause: str, *, retryable: bool, reached: bool = True,
-                 status: int | None = None, timed_out: bool = False):
+                 status: int | None = None, timed_out: bool = False, answered: bool = False):
         super().__init__(f"backend {url}: {cause}")
         self.url, self.cause, self.retryable, self.reached = url, cause, retryable, reached
         self.status, self.timed_out = status, timed_out
+        self.answered = answered or status is not None
+
+    @property
+    def down(self) -> bool:
+        """The backend did not answer (refused, reset or lost the connection): take it out of rotation. A timeout
+        says nothing of the replica, and one that answered, however wrongly, is up."""
+        return not self.answered and not self.timed_out
 
 
 class BadItem(ValueError):
@@ -93,16 +144,23 @@ class Adapter:
             status, raw = await self.http.request(method, url, path, payload, self.timeout)
         except HttpError as e:
             cause = f"{where}: {e}" if not e.timed_out else f"{where} timed out after {self.timeout:g}s"
-            raise BackendError(url, cause, retryable=True, reached=e.connected, timed_out=e.timed_out) from None
-        try:
-            data = json.loads(raw) if raw else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            data = raw[:300].decode(errors="replace")
+            # an answer that is no HTTP (or too large) will not come out better on another try
+            raise BackendError(url, cause, retryable=not e.answered, reached=e.connected, timed_out=e.timed_out,
+                               answered=e.answered) from None
         if status >= 400:
-            detail = data.get("detail", data) if isinstance(data, dict) else data
-            raise BackendError(url, f"{where} answered HTTP {status}: {detail}", retryable=status >= 500,
-                               status=status)
-        return data
+            code, detail = _error_of(raw)
+            log.warning("backend %s: %s answered HTTP %d: %s", url, where, status,
+                        redact(raw[:500].decode(errors="replace")))
+            cause = f"{where} answered HTTP {status}" + (f" ({code})" if code else "")
+            raise BackendError(url, cause + (f": {detail}" if detail and status < 500 else ""),
+                               retryable=status >= 500, status=status)
+        try:
+            return loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            log.warning("backend %s: %s answered HTTP %d with a body that is not standard JSON (%s): %s", url, where,
+                        status, e, redact(raw[:200].decode(errors="replace")))
+            raise BackendError(url, f"{where} answered HTTP {status} with a body that is not standard JSON",
+                               retryable=False, answered=True) from None
 
     async def alive(self, url: str, timeout: float) -> bool:
         try:
@@ -149,10 +207,57 @@ class Adapter:
         raise NotImplementedError
 
 
+JSON_TYPES = {str: "string", dict: "object", list: "array", bool: "boolean", int: "number", float: "number",
+              type(None): "null"}
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a decoded value ("a JSON string"), for a cause: never the value itself."""
+    return f"a JSON {JSON_TYPES.get(type(value), type(value).__name__)}"
+
+
 def _need(url: str, data: Any, key: str, where: str) -> Any:
     if not isinstance(data, dict) or key not in data:
-        raise BackendError(url, f"{where} answer has no '{key}': {str(data)[:200]}", retryable=False)
+        what = _json_type(data) + ("" if isinstance(data, dict) else ", not an object")
+        raise BackendError(url, f"{where} answer has no '{key}' ({what})", retryable=False, answered=True)
     return data[key]
+
+
+def _number(url: str, data: Any, key: str, where: str) -> float:
+    """``data[key]`` as a reward: a finite JSON number (null: 0)."""
+    value = _need(url, data, key, where)
+    if value is None:
+        return 0.0
+    try:  # an integer of 400 digits is JSON too, and no float
+        number = float(value) if isinstance(value, (int, float)) else math.nan
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise BackendError(url, f"{where} answer's '{key}' is not a finite number ({_json_type(value)})",
+                           retryable=False, answered=True)
+    return number
+
+
+def _flag(url: str, data: dict, key: str, where: str) -> bool:
+    """``data[key]`` as an end-of-episode flag: true or false (absent or null: false). A string such as "false"
+    is refused, not read as true."""
+    value = data.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BackendError(url, f"{where} answer's '{key}' is not true/false ({_json_type(value)})",
+                           retryable=False, answered=True)
+    return value
+
+
+def _object(url: str, value: Any, what: str, where: str) -> dict:
+    """``value`` as a JSON object (null: empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BackendError(url, f"{where} answer's {what} is not an object ({_json_type(value)})",
+                           retryable=False, answered=True)
+    return value
 
 
 class AgentGymAdapter(Adapter):
@@ -171,9 +276,10 @@ class AgentGymAdapter(Adapter):
 
     def outcome(self, url: str, data: Any) -> StepOutcome:
         obs = _need(url, data, self.obs_key, "POST /step")
-        reward = _need(url, data, "reward", "POST /step")
+        reward = _number(url, data, "reward", "POST /step")
+        done = _flag(url, data, "done", "POST /step")
         info = {k: v for k, v in data.items() if k not in (self.obs_key, "reward", "done")}
-        return StepOutcome(obs, float(reward or 0.0), bool(data.get("done", False)), info)
+        return StepOutcome(obs, reward, done, info)
 
     async def open(self, url: str, item_id: Any, seed: int | None) -> tuple[Any, Any, dict]:
         created = await self.call("POST", url, "/create", self.create_body())
@@ -183,8 +289,8 @@ class AgentGymAdapter(Adapter):
             key = "id" if "id" in created else "env_idx"
             handle = {key: created[key]}
         else:
-            raise BackendError(url, f"POST /create answer carries no instance id: {str(created)[:200]}",
-                               retryable=False)
+            raise BackendError(url, f"POST /create answer carries no instance id ({_json_type(created)})",
+                               retryable=False, answered=True)
         try:
             data = await self.call("POST", url, "/reset", self.reset_body(handle, item_id, seed))
             if isinstance(data, dict) and self.obs_key in data:
@@ -213,9 +319,9 @@ class SciWorldAdapter(AgentGymAdapter):
 
     def outcome(self, url: str, data: Any) -> StepOutcome:
         out = super().outcome(url, data)
-        score = _need(url, data, "score", "POST /step")
+        score = _number(url, data, "score", "POST /step")
         info = {**out.info, "env_reward": out.reward}
-        return StepOutcome(out.observation, float(score), out.done, info)
+        return StepOutcome(out.observation, score, out.done, info)
 
 
 class ALFWorldAdapter(AgentGymAdapter):
@@ -299,7 +405,7 @@ class AppWorldAdapter(Adapter):
             self.open_tasks.discard((url, item_id))
             raise
         task = task if isinstance(task, dict) else {"instruction": str(task)}
-        boss = task.get("supervisor") or {}
+        boss = task.get("supervisor") if isinstance(task.get("supervisor"), dict) else {}
         name = f"{boss.get('first_name', '')} {boss.get('last_name', '')}".strip()
         lines = [f"Supervisor: {name} (email {boss.get('email', '?')}, phone {boss.get('phone_number', '?')})"
                  if boss else "", f"Date and time: {task['datetime']}" if task.get("datetime") else "",
@@ -313,9 +419,13 @@ class AppWorldAdapter(Adapter):
                      "POST /task_completed")
         if not done:
             return StepOutcome(str(out), 0.0, False, {})
-        report = _need(url, await self.call("POST", url, "/evaluate", {"task_id": handle}), "output", "POST /evaluate")
+        report = _object(url, _need(url, await self.call("POST", url, "/evaluate", {"task_id": handle}), "output",
+                                    "POST /evaluate"), "'output'", "POST /evaluate")
         passes, failures = report.get("passes") or [], report.get("failures") or []
         total = report.get("num_tests") or len(passes) + len(failures)
+        if not (isinstance(passes, list) and isinstance(failures, list) and isinstance(total, int)):
+            raise BackendError(url, "POST /evaluate answer's 'output' has passes/failures that are not lists or "
+                                    "num_tests that is not an integer", retryable=False, answered=True)
         reward = len(passes) / total if total else float(bool(report.get("success")))
         return StepOutcome(str(out), reward, True, {"evaluation": report})
 
@@ -337,10 +447,10 @@ class WebArenaAdapter(AgentGymAdapter):
 
     def outcome(self, url: str, data: Any) -> StepOutcome:
         obs = _need(url, data, "observation", "POST /step")
-        reward = _need(url, data, "reward", "POST /step")
-        done = bool(data.get("terminated", False) or data.get("truncated", False) or data.get("done", False))
+        reward = _number(url, data, "reward", "POST /step")
+        done = any([_flag(url, data, key, "POST /step") for key in ("terminated", "truncated", "done")])
         info = {k: v for k, v in data.items() if k not in ("observation", "reward")}
-        return StepOutcome(obs, float(reward or 0.0), done, info)
+        return StepOutcome(obs, reward, done, info)
 
 
 class GymChatAdapter(Adapter):
@@ -369,15 +479,16 @@ class GymChatAdapter(Adapter):
         except BaseException:
             self.close_later(url, env_id)
             raise
-        return env_id, obs, dict(data.get("info") or {})
+        return env_id, obs, dict(_object(url, data.get("info"), "'info'", "POST /api/environment/{id}/reset"))
 
     async def step(self, url: str, handle: Any, action: Any) -> StepOutcome:
+        where = "POST /api/environment/{id}/step"
         data = await self.call("POST", url, f"/api/environment/{handle}/step", {"action": action})
-        obs = _need(url, data, "observation", "POST /api/environment/{id}/step")
-        reward = _need(url, data, "reward", "POST /api/environment/{id}/step")
-        info = dict(data.get("info") or {})
-        info["truncated"] = bool(data.get("truncated", False))
-        return StepOutcome(obs, float(reward or 0.0), bool(data.get("done", False)) or info["truncated"], info)
+        obs = _need(url, data, "observation", where)
+        reward = _number(url, data, "reward", where)
+        info = dict(_object(url, data.get("info"), "'info'", where))
+        info["truncated"] = _flag(url, data, "truncated", where)
+        return StepOutcome(obs, reward, _flag(url, data, "done", where) or info["truncated"], info)
 
     async def close(self, url: str, handle: Any) -> None:
         await self.call("POST", url, f"/api/environment/{handle}/close", {"env_id": handle})

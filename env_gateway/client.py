@@ -18,7 +18,9 @@ again until its deadline, then raises ``Overloaded``.
 Errors are ``GatewayError`` subclasses carrying ``status``, ``error`` and ``detail`` from the gateway:
 ``BadRequest`` (4xx: fix the call), ``SessionGone`` (404/410: unknown, expired or failed session),
 ``Overloaded`` (503 past the deadline), ``BackendFailed`` (502/504: the env server failed; the session
-is over, ``backend`` names the server) and ``GatewayUnavailable`` (no answer from the gateway itself).
+is over, ``backend`` names the server), ``GatewayUnavailable`` (no answer from the gateway itself) and ``BadAnswer``
+(an answer that breaks the API: not standard JSON, NaN or Infinity in it, a step's reward that is not a finite
+number or ``done`` that is not true/false; nothing of it reaches the episode).
 An agent func ends the episode with reward 0 on any ``GatewayError`` and keeps its group.
 """
 
@@ -26,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -34,7 +38,8 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from env_gateway.servers._base import read_secret_file
+from env_gateway.secret_file import read_secret_file
+from env_gateway.servers._base import non_finite
 
 log = logging.getLogger("env_gateway.client")
 DEFAULT_URL = "http://127.0.0.1:8800"
@@ -65,6 +70,15 @@ class BackendFailed(GatewayError):
 
 class GatewayUnavailable(GatewayError):
     """No answer from the gateway (connection refused or reset, or the call's deadline passed)."""
+
+
+class BadAnswer(GatewayError):
+    """The gateway's answer breaks the API (not standard JSON, or a step result of the wrong types)."""
+
+
+def strict_loads(text: str) -> Any:
+    """JSON without NaN / Infinity (ValueError)."""
+    return json.loads(text, parse_constant=non_finite)
 
 
 @dataclass(frozen=True)
@@ -141,7 +155,11 @@ class GatewayClient:
                 async with http.request(method, self.base_url + path, json=body, timeout=aiohttp.ClientTimeout(
                         total=left, sock_connect=min(self.connect_timeout, left))) as resp:
                     if resp.status < 400:
-                        return await resp.json()
+                        try:
+                            return await resp.json(loads=strict_loads)
+                        except ValueError as e:  # not JSON, or NaN/Infinity in it
+                            raise BadAnswer(resp.status, "bad_answer", f"{method} {path}: the answer is not "
+                                                                       f"standard JSON ({e})") from None
                     try:
                         data = await resp.json(content_type=None)
                     except ValueError:
@@ -181,7 +199,14 @@ class GatewayClient:
 
     async def step(self, session_id: str, action: Any, *, timeout: float | None = None) -> StepResult:
         data = await self.request("POST", f"/v1/sessions/{session_id}/step", {"action": action}, timeout)
-        return StepResult(data["observation"], float(data["reward"]), bool(data["done"]), data.get("info") or {})
+        reward, done = data.get("reward"), data.get("done")
+        # bool("false") is True and float(nan) poisons a whole batch's advantages: take only what the API says
+        if (not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward)
+                or not isinstance(done, bool) or "observation" not in data):
+            raise BadAnswer(200, "bad_answer", f"step of session {session_id}: the answer needs an observation, a "
+                                               f"finite number as reward and true/false as done; got reward "
+                                               f"{type(reward).__name__}, done {type(done).__name__}")
+        return StepResult(data["observation"], float(reward), done, data.get("info") or {})
 
     async def close(self, session_id: str, *, timeout: float | None = None) -> bool:
         """Close a session; True when it was open. Closing an ended session is not an error."""

@@ -25,6 +25,7 @@ Every mistake raises ``ConfigError`` with a message that names the setting and w
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import typing
 from dataclasses import dataclass, field, fields
@@ -63,7 +64,8 @@ def setting(default: Any, help: str) -> Any:
 
 @dataclass
 class GatewayConfig:
-    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface; then set --auth-token-file)")
+    host: str = setting("127.0.0.1", "address to listen on; any but a loopback one (127.0.0.1, ::1, localhost) "
+                                     "needs --auth-token-file")
     port: int = setting(8800, "port to listen on (0: any free port; the log's 'listening on' line says which)")
     max_sessions: int = setting(4096, "open sessions, all envs together")
     session_ttl: float = setting(900.0, "idle seconds before a session is closed")
@@ -82,13 +84,21 @@ class GatewayConfig:
                                                 "/v1/sessions requests must carry as 'Authorization: Bearer TOKEN' "
                                                 "(clients: COPE_GATEWAY_TOKEN_FILE); for a gateway other hosts can "
                                                 "reach")
+    max_answer_bytes: int = setting(8 << 20, "largest backend answer in bytes, as it comes on the wire; a larger "
+                                             "one fails its call (502), read no further")
     envs: dict[str, EnvConfig] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
         if not self.envs:
             raise ConfigError("no environments: give at least one --env NAME=URL, --spawn NAME=CMD:N, or 'envs:' "
                               "in --config")
-        for name in ("max_sessions", "max_concurrency", "max_queue", "max_body", "max_action_bytes"):
+        if not self.auth_token_file and not is_loopback(self.host):  # the sessions API would be open to the network
+            raise ConfigError(f"--host {self.host} can be reached from other hosts, and this gateway has no token: "
+                              "anyone who reaches it could open, step and close sessions. Give --auth-token-file "
+                              "(a mode-600 file in .secrets/ holding one line, e.g. `openssl rand -hex 32`; clients "
+                              "read it from COPE_GATEWAY_TOKEN_FILE), or listen on 127.0.0.1")
+        for name in ("max_sessions", "max_concurrency", "max_queue", "max_body", "max_action_bytes",
+                     "max_answer_bytes"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("session_ttl", "request_timeout", "queue_timeout", "health_interval", "read_timeout"):
@@ -116,6 +126,17 @@ class GatewayConfig:
             if env.max_concurrency is not None and env.max_concurrency < 1:
                 raise ConfigError(f"env {env.name!r}: max_concurrency must be >= 1")
         return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address only this machine reaches (a name other than localhost may resolve to
+    anything, and "" or 0.0.0.0 listen on every interface)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def scalar_settings() -> dict[str, type]:

@@ -43,7 +43,7 @@ from typing import Any, AsyncIterator
 from aiohttp import web
 
 from env_gateway.servers._base import bound_socket
-from env_gateway.servers.process import call, wait_listening
+from env_gateway.process import call, wait_listening
 
 VARIANTS = ("agentgym", "sciworld", "alfworld", "searchqa", "webshop", "webarena", "gym")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

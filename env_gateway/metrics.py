@@ -9,7 +9,9 @@ Per request, labelled by env and endpoint (the route name: create, step, close, 
     cope_gateway_overhead_seconds{env,endpoint}        gateway-added time = request - backend - queue wait
 Per env: sessions opened / reaped (idle TTL) / failed (backend error), create retries on another replica.
 Read from live state at scrape time, per env and replica: open sessions, in-flight and queued requests,
-replica up (1) or down (0), restarts of spawned replicas.
+replica up (1) or down (0), restarts of spawned replicas. The ``replica`` label is the replica's URL, or its
+position in its env ("0", "1", ...) in a scrape rendered with ``show_urls=False`` (a caller without the gateway's
+token: where backends run is for the token's holders).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class _LiveState:
 
     def __init__(self, snapshot: Callable[[], Iterable[dict]]):
         self.snapshot = snapshot
+        self.show_urls = True
 
     def collect(self):
         sessions = GaugeMetricFamily("cope_gateway_open_sessions", "open sessions", labels=["env"])
@@ -42,8 +45,8 @@ class _LiveState:
                                      labels=["env", "replica"])
         for env in self.snapshot():
             sessions.add_metric([env["name"]], env["open_sessions"])
-            for r in env["replicas"]:
-                labels = [env["name"], r["url"]]
+            for i, r in enumerate(env["replicas"]):
+                labels = [env["name"], r["url"] if self.show_urls else str(i)]
                 inflight.add_metric(labels, r["inflight"])
                 queued.add_metric(labels, r["queued"])
                 up.add_metric(labels, 1.0 if r["healthy"] else 0.0)
@@ -70,7 +73,8 @@ class GatewayMetrics:
         self.failed = Counter("cope_gateway_sessions_failed", "sessions ended by a backend failure", ["env"], registry=r)
         self.retries = Counter("cope_gateway_create_retries", "session creations retried on another replica",
                                ["env"], registry=r)
-        self.registry.register(_LiveState(snapshot))
+        self.live = _LiveState(snapshot)
+        self.registry.register(self.live)
         self._children: dict[tuple, tuple] = {}
 
     def observe(self, env: str, endpoint: str, code: int, error: str | None, total: float, backend: float,
@@ -92,5 +96,10 @@ class GatewayMetrics:
             children[3].observe(queue)
         children[4].observe(max(total - backend - queue, 0.0))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, show_urls: bool = True) -> bytes:
+        """The text format; replicas labelled by URL, or by position when not ``show_urls``."""
+        self.live.show_urls = show_urls  # read by collect(), which generate_latest calls before it returns
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self.live.show_urls = True

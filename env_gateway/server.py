@@ -18,19 +18,28 @@ Contract:
   that cannot run now (replica busy, a failure that may pass) is retried in the background until it runs, the
   backend answers 4xx, or the replica is declared down (then the env server's own idle TTL reaps the instance).
 - Failures: a create/reset that fails at the connection, times out or gets a 5xx is retried on another
-  healthy replica; when every replica refuses it as busy (409: e.g. AppWorld holds one world per task id) the
-  caller gets 503 with ``Retry-After``. A failed step is not retried (a step is not idempotent): the session is ended (410
-  afterwards) and the caller gets 502 (504 on a timeout) naming the backend and the cause, so the agent
-  func can end that episode with reward 0 while the rest of its group carries on. Transport failures
-  take a replica out of rotation at once; periodic health checks put it back when it answers.
+  healthy replica; when every replica refuses it as busy or full (409: e.g. AppWorld holds one world per task id;
+  429; 503: e.g. an env server at its --max-instances) the caller gets 503 with ``Retry-After``. A client that
+  closes its connection while its create waits or runs gets no session: none is sent to a backend once it has
+  gone, and an instance opened meanwhile is closed at once. A failed step is not retried (a step is not
+  idempotent): the session is ended (410 afterwards), its backend instance is closed unless the backend is down,
+  and the caller gets 502 (504 on a timeout) naming the backend and the cause, so the agent func can end that
+  episode with reward 0 while the rest of its group carries on. Only a backend that does not answer (refused,
+  reset, lost connection) is taken out of rotation, at once; periodic health checks put it back when it answers.
+  One that answers wrongly (not HTTP, over ``max_answer_bytes``, not standard JSON, a missing field, a reward
+  that is not a finite number, ``done`` that is not true/false) fails that call only (env_gateway/adapters.py).
 - Actions are forwarded as sent (UTF-8 JSON, no ``\\u`` escapes that would triple non-ASCII text); one larger than
   ``max_action_bytes`` as forwarded gets 413 and one that is not valid Unicode (a lone surrogate) 400, before a
   backend sees it; the session stays open.
-- Access: with ``auth_token_file``, /v1/sessions requests need ``Authorization: Bearer <token>`` (401 otherwise,
-  compared in constant time) and /v1/envs shows backend URLs and pids only to them; health and /metrics stay open.
-  Without it (the default, for a gateway on 127.0.0.1) everything is open.
-- Errors: every error answer is JSON ``{"error": name, "detail": what happened and what to do}``; bad
-  input gets a 4xx, never a 500, and nothing waits without a deadline.
+- Access: with ``auth_token_file``, /v1/sessions requests need ``Authorization: Bearer <token>`` (the scheme in
+  any case, RFC 7235; 401 otherwise, whatever bytes the header holds; compared in constant time), and /v1/envs and
+  /metrics show backend URLs and pids only to them (/metrics names replicas by position otherwise); health and
+  /metrics stay open. Without it everything is open, which only a gateway on a loopback address may be (config.py
+  refuses any other host without a token).
+- Errors: every answer is standard JSON (never NaN or Infinity); an error answer is ``{"error": name, "detail":
+  what happened and what to do}``, the name a stable code and the detail short: a backend's own error text (a
+  traceback, file paths) goes to the log, not to the caller. Bad input gets a 4xx, never a 500, and nothing waits
+  without a deadline; backend answers are bounded in time (``request_timeout``) and size (``max_answer_bytes``).
 """
 
 from __future__ import annotations
@@ -49,7 +58,8 @@ from aiohttp import web
 
 from env_gateway.adapters import Adapter, BackendError, BadItem, load_adapter
 from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
-from env_gateway.servers._base import non_finite, read_secret_file, short
+from env_gateway.secret_file import read_secret_file
+from env_gateway.servers._base import non_finite, short
 from env_gateway.http1 import Http1Pool
 from env_gateway.metrics import GatewayMetrics
 
@@ -60,6 +70,21 @@ API_HELP = ("the API is POST /v1/sessions, POST /v1/sessions/{id}/step, DELETE /
 ENV, BACKEND_S, QUEUE_S = web.RequestKey("env", str), web.RequestKey("backend_s", float), web.RequestKey("queue_s", float)
 AUTHORIZED = web.RequestKey("authorized", bool)
 GONE_MEMORY = 100_000  # ended session ids remembered, so late requests get 410 with the reason, not 404
+BUSY = (409, 429, 503)  # a backend's "not now": a create every replica answers with one of these is a 503 to retry
+# every answer standard JSON: NaN/Infinity raise instead (one encoder, made once: json.dumps with a non-default
+# argument builds a new one per call)
+dumps = json.JSONEncoder(allow_nan=False).encode
+
+
+def answer(data: Any, status: int = 200, headers: dict | None = None) -> web.Response:
+    """A JSON answer (``dumps``)."""
+    return web.json_response(data, status=status, headers=headers, dumps=dumps)
+
+
+def client_gone(request: web.Request) -> bool:
+    """The client closed its connection: nobody will read this request's answer."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 class ApiError(Exception):
@@ -69,8 +94,7 @@ class ApiError(Exception):
 
     def response(self) -> web.Response:
         headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after is not None else None
-        return web.json_response({"error": self.error, "detail": self.detail, **self.extra}, status=self.status,
-                                 headers=headers)
+        return answer({"error": self.error, "detail": self.detail, **self.extra}, self.status, headers)
 
 
 class Slots:
@@ -191,7 +215,8 @@ class Gateway:
         return app
 
     async def start(self, app: web.Application | None = None) -> None:
-        self.http = Http1Pool()  # connections per replica are bounded by its cap (admission control)
+        # connections per replica are bounded by its cap (admission control), an answer's size by max_answer_bytes
+        self.http = Http1Pool(max_answer_bytes=self.config.max_answer_bytes)
         for pool in self.pools.values():
             pool.adapter = pool.adapter_cls(self.http, self.config.request_timeout, pool.cfg.options)
         self._background(self.health_loop())
@@ -218,14 +243,23 @@ class Gateway:
         task.add_done_callback(self._tasks.discard)
 
     # ---- plumbing ------------------------------------------------------------------------------
+    def authorized(self, request: web.Request) -> bool:
+        """Whether the request carries this gateway's token (always, without one): ``Bearer`` in any case (RFC 7235),
+        then the token, compared in constant time (no guessing by timing). The header's text is compared as the bytes
+        it came as (aiohttp keeps bytes that are not UTF-8 as surrogates), so no header value can raise."""
+        if self.token is None:
+            return True
+        scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+        return hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), self.token) and (
+            scheme.lower() == "bearer")
+
     @web.middleware
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         t0 = time.perf_counter()
-        request[ENV], request[BACKEND_S], request[QUEUE_S] = "-", 0.0, 0.0
-        request[AUTHORIZED] = self.token is None or hmac.compare_digest(  # constant time: no guessing by timing
-            request.headers.get("Authorization", "").encode(), b"Bearer " + self.token)
+        request[ENV], request[BACKEND_S], request[QUEUE_S], request[AUTHORIZED] = "-", 0.0, 0.0, False
         error = None
         try:
+            request[AUTHORIZED] = self.authorized(request)
             if not request[AUTHORIZED] and request.path.startswith("/v1/sessions"):
                 raise ApiError(401, "unauthorized", "this gateway needs 'Authorization: Bearer <token>' with the token "
                                                     "in its --auth-token-file (GatewayClient and the agent funcs: "
@@ -237,11 +271,12 @@ class Gateway:
             error = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status, "http_error")
             detail = (f"request body over {self.config.max_body} bytes (--max-body)" if e.status == 413
                       else f"{request.method} {request.path}: {e.reason}; {API_HELP}")
-            resp = web.json_response({"error": error, "detail": detail}, status=e.status)
+            resp = answer({"error": error, "detail": detail}, e.status)
         except Exception as e:  # a bug of ours: answer, log, keep serving
             log.exception("%s %s failed", request.method, request.path)
-            error = "internal"
-            resp = web.json_response({"error": error, "detail": f"gateway error: {type(e).__name__}: {e}"}, status=500)
+            error = "internal"  # the exception's text (it may quote anything) stays in the log
+            resp = answer({"error": error, "detail": f"the gateway failed on this request ({type(e).__name__}); its "
+                                                     "log has the details"}, 500)
         route = request.match_info.route
         self.metrics.observe(request[ENV], route.name or "unknown", resp.status, error,
                              time.perf_counter() - t0, request[BACKEND_S], request[QUEUE_S])
@@ -369,17 +404,22 @@ class Gateway:
             replica, handle, obs, info = await self._open(pool, item_id, seed, request)
         finally:
             self.opening -= 1
-        sid = secrets.token_hex(12)
-        self.sessions[sid] = Session(sid, pool, replica, handle, item_id, asyncio.get_running_loop().time())
+        session = Session(secrets.token_hex(12), pool, replica, handle, item_id, asyncio.get_running_loop().time())
+        if client_gone(request):  # it gave up while the session opened: nobody can ever hold it, so close it now
+            replica.sessions -= 1
+            self._background(self.close_in_background(session))
+            raise ApiError(400, "client_disconnected", "the client closed the connection while its session opened; "
+                                                       "the session was closed")
+        self.sessions[session.id] = session
         self.metrics.opened.labels(env).inc()
-        return web.json_response({"session_id": sid, "observation": obs, "info": info, "backend": replica.url})
+        return answer({"session_id": session.id, "observation": obs, "info": info, "backend": replica.url})
 
     async def _open(self, pool: Pool, item_id: Any, seed: int | None, request: web.Request) -> tuple:
         env, tried, failures = pool.name, set(), []
         while True:
             replica = pool.pick(tried)
             if replica is None:
-                if failures and all(status == 409 for status, _ in failures):  # busy, not broken: come back later
+                if failures and all(status in BUSY for status, _ in failures):  # busy or full: come back later
                     raise ApiError(503, "replicas_busy", f"no {env} replica can take item {short(item_id)} now: "
                                                          + "; ".join(f for _, f in failures), retry_after=1)
                 if failures:
@@ -392,6 +432,10 @@ class Gateway:
             replica.sessions += 1  # reserve now, so concurrent creates spread over the replicas
             try:
                 await self.acquire(replica, request, env)
+                if client_gone(request):  # it gave up while its create waited for the slot: send nothing
+                    replica.slots.release()
+                    raise ApiError(400, "client_disconnected", "the client closed the connection before its session "
+                                                               "was opened")
                 t0 = time.perf_counter()
                 try:
                     handle, obs, info = await pool.adapter.open(replica.url, item_id, seed)
@@ -401,7 +445,7 @@ class Gateway:
                 return replica, handle, obs, info
             except BackendError as e:
                 replica.sessions -= 1
-                if e.status is None and not e.timed_out:
+                if e.down:
                     self.mark_down(replica, e.cause)
                 if not e.retryable:
                     if e.status is not None and 400 <= e.status < 500:
@@ -447,7 +491,7 @@ class Gateway:
             except BackendError as e:
                 self.end_session(session, f"failed: {e}")
                 self.metrics.failed.labels(env).inc()
-                if e.status is None and not e.timed_out:
+                if e.down:
                     self.mark_down(replica, e.cause)
                 else:  # the backend is up: release the instance there
                     self._background(self.close_in_background(session))
@@ -461,8 +505,7 @@ class Gateway:
             session.busy = False
             session.last_used = asyncio.get_running_loop().time()
         session.steps += 1
-        return web.json_response({"observation": out.observation, "reward": out.reward, "done": out.done,
-                                  "info": out.info})
+        return answer({"observation": out.observation, "reward": out.reward, "done": out.done, "info": out.info})
 
     async def delete_session(self, request: web.Request) -> web.Response:
         session = self.live_session(request.match_info["session_id"])
@@ -476,7 +519,7 @@ class Gateway:
                       "closing the instance there in the background: nothing to do")
         if detail:
             body["detail"] = detail
-        return web.json_response(body)
+        return answer(body)
 
     def describe_envs(self) -> list[dict]:
         return [{"name": p.name, "adapter": p.cfg.adapter or p.name,
@@ -488,18 +531,20 @@ class Gateway:
         if not request[AUTHORIZED]:  # where the backends run is for the token's holders
             for env in envs:
                 env["replicas"] = [{k: v for k, v in r.items() if k not in ("url", "pid")} for r in env["replicas"]]
-        return web.json_response({"envs": {e.pop("name"): e for e in envs},
-                                  "open_sessions": len(self.sessions), "max_sessions": self.config.max_sessions})
+        return answer({"envs": {e.pop("name"): e for e in envs}, "open_sessions": len(self.sessions),
+                       "max_sessions": self.config.max_sessions})
 
     async def health(self, request: web.Request) -> web.Response:
         envs = {p.name: {"healthy_replicas": sum(r.healthy for r in p.replicas), "replicas": len(p.replicas)}
                 for p in self.pools.values()}
         ok = all(e["healthy_replicas"] > 0 for e in envs.values())
-        return web.json_response({"status": "ok" if ok else "degraded", "envs": envs,
-                                  "open_sessions": len(self.sessions)}, status=200 if ok else 503)
+        return answer({"status": "ok" if ok else "degraded", "envs": envs, "open_sessions": len(self.sessions)},
+                      200 if ok else 503)
 
     async def render_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+        # replicas by URL only for the token's holders, as in /v1/envs
+        return web.Response(body=self.metrics.render(show_urls=request[AUTHORIZED]),
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
 
     # ---- background loops ----------------------------------------------------------------------
     async def health_loop(self) -> None:

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from agent_funcs.instructions import ACKNOWLEDGEMENT, INSTRUCTIONS  # noqa: E402
-from env_gateway.servers.process import EnvServerProcess, call  # noqa: E402
+from env_gateway.process import EnvServerProcess, call  # noqa: E402
 
 
 def thought(action: str) -> str:

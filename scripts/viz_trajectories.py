@@ -212,7 +212,10 @@ def build_page(runs: list[tuple[str, list[dict]]], title: str) -> str:
         raise SystemExit(f"viz_trajectories: run names must differ, got {names}")
     items = sorted({e["item_id"] for _, eps in runs for e in eps}, key=item_order)
     data = {"runs": names, "items": items, "episodes": {name: eps for name, eps in runs}}
-    blob = json.dumps(data).replace("</", "<\\/")  # no "</script>" can end the data block early
+    # Every "<" as \u003c: inside a <script> element the HTML parser reads "</script" as its end and "<!--" followed
+    # by "<script" as the start of an escape that swallows the real end tag (the whole page blank), so no "<" may
+    # appear in the data block at all; JSON.parse turns \u003c back into "<".
+    blob = json.dumps(data).replace("<", "\\u003c")
     return PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", blob)
 
 

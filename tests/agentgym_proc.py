@@ -21,7 +21,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from env_gateway.servers.process import ROOT, EnvServerProcess, venv_python
+from env_gateway.process import ROOT, EnvServerProcess, venv_python
 
 AGENTGYM_DIR = os.environ.get("AGENTGYM_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "agentgym-3ef9235")
 UVICORN_PORT = re.compile(rb"Uvicorn running on http://127\.0\.0\.1:(\d+)")

@@ -1,4 +1,4 @@
-"""The tests' side of the built-in env servers: ``EnvServerProcess`` and ``call`` (env_gateway/servers/process.py,
+"""The tests' side of the built-in env servers: ``EnvServerProcess`` and ``call`` (env_gateway/process.py,
 shared with the scripts), episode helpers that drive the AgentGym protocol (``expert_episode``, ``replay``,
 ``check_no_cross_talk``, ``check_crafted_actions``), and pytest helpers (``require_venv``, ``server_fixture``) that
 skip with a clear reason when a server's venv has not been built, a port nothing listens on (``refusing_port``), and
@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
-from env_gateway.servers.process import (ROOT, EnvServerProcess, call, log_tail, stop_process,  # noqa: F401
+from env_gateway.process import (ROOT, EnvServerProcess, call, log_tail, stop_process,  # noqa: F401
                                        venv_python)
 
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from typing import Any
 
-from env_gateway.servers.process import GATEWAY_LISTENING, ROOT, call, log_tail, wait_listening
+from env_gateway.process import GATEWAY_LISTENING, ROOT, call, log_tail, wait_listening
 
 
 class GatewayProcess:

@@ -482,3 +482,38 @@ def test_a_call_that_overruns_its_own_deadline_is_abandoned_a_second_later(monke
                                   settings={"EPISODE_TIMEOUT_S": "100.2"})
     assert result["extra_logs"]["env_failed"] == 1.0
     assert warnings == [f"babyai item {ITEM}: episode ends with reward 0: step 1 failed: TimeoutError: "]
+
+
+class FullBackend(ContractBackend):
+    """Answers its first ``full_for`` creates 503 "full", as an env server at its --max-instances does."""
+
+    def __init__(self, full_for: int, **kw) -> None:
+        super().__init__(**kw)
+        self.full_for, self.refused = full_for, 0
+
+    async def create(self, request):
+        from aiohttp import web
+
+        if self.refused < self.full_for:
+            self.refused += 1
+            return web.json_response({"error": "full", "detail": "at --max-instances"}, status=503)
+        return await super().create(request)
+
+
+def test_a_full_env_server_is_asked_again_until_the_episode_deadline(monkeypatch):
+    """Each 503 asks to retry after 1 s, so one create call (ENV_CALL_TIMEOUT_S=2.5) outlasts at most three of the
+    four refusals: the agent asks again while the episode has time. Was: a full server's 502 voided the episode at
+    once."""
+    result, _, backend, warnings = play(monkeypatch, [react(a) for a in RIGHT], backend=FullBackend(4),
+                                        settings={"ENV_CALL_TIMEOUT_S": "2.5", "EPISODE_TIMEOUT_S": "60"})
+    assert backend.refused == 4 and warnings == []
+    assert result["reward"] == 1.0 and result["extra_logs"]["env_failed"] == 0.0
+
+
+def test_a_server_full_past_the_episode_deadline_voids_the_episode(monkeypatch):
+    result, _, backend, warnings = play(monkeypatch, [react("look")], backend=FullBackend(1000),
+                                        settings={"ENV_CALL_TIMEOUT_S": "1", "EPISODE_TIMEOUT_S": "2.5"})
+    assert result["extra_logs"]["env_failed"] == 1.0 and 2 <= backend.refused <= 4
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"babyai item {ITEM}: episode ends with reward 0: opening the session failed: Overloaded: HTTP 503 "
+        "replicas_busy: no babyai replica can take item 7 now: backend "), warnings

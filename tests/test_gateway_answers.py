@@ -57,15 +57,22 @@ def test_a_create_every_replica_refuses_names_each_replica_and_cause_and_gives_b
             assert (got, headers["Retry-After"]) == (503, "1")
             assert answer == {"error": "replicas_busy", "detail": f"no babyai replica can take item 1 now: "
                                                                   f"backend {a}: HTTP 409; backend {b}: HTTP 409"}
-            pool.adapter.open = scripted_open({a: BackendError(a, "HTTP 409", retryable=True, status=409),
+            # busy (409), too many requests (429) and full (503: an env server at its --max-instances) all say "later"
+            pool.adapter.open = scripted_open({a: BackendError(a, "HTTP 429", retryable=True, status=429),
                                                b: BackendError(b, "HTTP 503", retryable=True, status=503)})
+            got, answer, headers = await raw(url, "POST", "/v1/sessions", CREATE)
+            assert (got, headers["Retry-After"]) == (503, "1")
+            assert answer == {"error": "replicas_busy", "detail": f"no babyai replica can take item 1 now: "
+                                                                  f"backend {a}: HTTP 429; backend {b}: HTTP 503"}
+            pool.adapter.open = scripted_open({a: BackendError(a, "HTTP 409", retryable=True, status=409),
+                                               b: BackendError(b, "HTTP 500", retryable=True, status=500)})
             got, answer, headers = await raw(url, "POST", "/v1/sessions", CREATE)
             assert got == 502 and "Retry-After" not in headers
             assert answer == {"error": "backend_failed", "detail": f"could not open a babyai session on any replica: "
-                                                                   f"backend {a}: HTTP 409; backend {b}: HTTP 503"}
+                                                                   f"backend {a}: HTTP 409; backend {b}: HTTP 500"}
             assert [r.sessions for r in pool.replicas] == [0, 0]  # each try's reservation given back
             assert all(r.healthy for r in pool.replicas)  # a backend that answers is up, whatever it answered
-            assert metric(gw, "cope_gateway_create_retries_total", env="babyai") == 4
+            assert metric(gw, "cope_gateway_create_retries_total", env="babyai") == 6
     run(main())
 
 

@@ -35,6 +35,9 @@ def test_tiny_benchmark_runs_every_method_twice(tmp_path):
     ratios = next(line for line in proc.stdout.splitlines() if "conc=   2:" in line)
     for label in ("a/b", "a/c", "a/d", "a/e", "a/f"):
         assert f"{label} = " in ratios and "[" in ratios, ratios  # median [min-max] over the two runs
+    decision = proc.stdout.split("backend transport: env_gateway/http1.py (llhttp via httptools) against aiohttp's "
+                                 "client (f) (median over 2 paired runs [min-max]):\n", 1)[1].splitlines()[0]
+    assert "conc=   2: episodes/s a/f = " in decision and "gateway CPU per backend request f/a = " in decision
     assert "no request lost or duplicated" in proc.stdout
 
 

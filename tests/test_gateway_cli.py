@@ -220,7 +220,7 @@ def test_a_server_given_a_bad_fd_says_what_fd_is_for():
 def test_reading_a_servers_log_while_it_writes_loses_nothing(tmp_path):
     """wait_listening / log_tail read the file a server writes its log to. The server writes through the same open
     file (and offset): reading by seek(0) + read made its next write land over its earlier lines."""
-    from env_gateway.servers.process import log_tail, log_text
+    from env_gateway.process import log_tail, log_text
 
     lines = 100_000
     with open(tmp_path / "log", "w+b") as log:

@@ -1,10 +1,12 @@
 """The gateway's keep-alive HTTP/1.1 client (env_gateway/http1.py) against real servers on 127.0.0.1: aiohttp
-answers (sized and chunked), raw answers that close the connection, keep-alive reuse, timeouts, dead ports."""
+answers (sized and chunked), raw answers that close the connection, keep-alive reuse, timeouts, dead ports; and
+against broken servers: answers in one-byte chunks (linear time), over the size limit, malformed, interim, doubled."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from aiohttp import web
@@ -122,4 +124,117 @@ def test_raw_answers_connection_close_read_to_close_and_lost_connections():
             pool.close()
             server.close()
             await server.wait_closed()
+    run(main())
+
+
+async def raw_server(answer) -> tuple[asyncio.AbstractServer, str]:
+    """A server that reads each request's head and answers with ``await answer(writer)``, keeping the connection."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await answer(writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+def test_an_answer_in_one_byte_chunks_costs_linear_time():
+    """Was quadratic: 100K / 200K / 400K / 800K one-byte chunks took 0.26 / 0.70 / 2.26 / 9.46 s (every read re-parsed
+    every chunk so far), the event loop stalled throughout. Timed in CPU time (this process's: the test's server and
+    the client), which other load on the machine skews far less than wall time."""
+    async def main():
+        async def one_byte_chunks(writer: asyncio.StreamWriter) -> None:
+            n = int(sizes.pop(0))
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1\r\nx\r\n" * n + b"0\r\n\r\n")
+            await writer.drain()
+
+        sizes = [1000, 200_000, 800_000, 200_000, 800_000]
+        server, url = await raw_server(one_byte_chunks)
+        pool = Http1Pool()
+        took = []
+        try:
+            for n in list(sizes):
+                t0 = time.process_time()
+                status, body = await pool.request("GET", url, "/", None, 60)
+                took.append(time.process_time() - t0)
+                assert (status, body) == (200, b"x" * n)
+            small, large = min(took[1], took[3]), min(took[2], took[4])  # the faster of two: less noise
+            assert large < 8 * small, took  # 4x the size: ~4-5x the time (quadratic: ~16x; 100K -> 400K took ~10x)
+        finally:
+            pool.close()
+            server.close()
+    run(main(), timeout=60)
+
+
+def test_an_answer_over_the_limit_fails_as_answered_and_is_not_read_on():
+    """Was: an answer of any size was read whole (100 MB: the gateway's memory 45 -> 444 MB)."""
+    async def main():
+        written = []
+
+        async def huge(writer: asyncio.StreamWriter) -> None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50000000\r\n\r\n")
+            for _ in range(500):
+                writer.write(b"x" * 100_000)
+                await writer.drain()
+                written.append(1)
+
+        server, url = await raw_server(huge)
+        pool = Http1Pool(max_answer_bytes=200_000)
+        try:
+            with pytest.raises(HttpError, match=r"the answer is over 200000 bytes \(the gateway's --max-answer-bytes\)"
+                               ) as e:
+                await pool.request("GET", url, "/", None, 30)
+            assert e.value.answered and e.value.connected and not e.value.timed_out
+            await asyncio.sleep(0.2)
+            assert len(written) < 100 and not any(pool._idle.values())
+        finally:
+            pool.close()
+            server.close()
+    run(main())
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n{}", b"SSH-2.0-OpenSSH\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"])
+def test_a_malformed_answer_fails_as_answered_and_drops_the_connection(answer):
+    async def main():
+        async def malformed(writer: asyncio.StreamWriter) -> None:
+            writer.write(answer)
+
+        server, url = await raw_server(malformed)
+        pool = Http1Pool()
+        try:
+            with pytest.raises(HttpError, match="not a valid HTTP answer") as e:
+                await pool.request("GET", url, "/", None, 5)
+            assert e.value.answered and e.value.connected and not any(pool._idle.values())
+        finally:
+            pool.close()
+            server.close()
+    run(main())
+
+
+def test_an_interim_100_answer_is_skipped_and_bytes_after_an_answer_drop_the_connection():
+    async def main():
+        answers = [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+                   b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+                   b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext"]
+
+        async def scripted(writer: asyncio.StreamWriter) -> None:
+            writer.write(answers.pop(0))
+
+        server, url = await raw_server(scripted)
+        pool = Http1Pool()
+        try:
+            assert await pool.request("GET", url, "/", None, 5) == (200, b"{}")
+            assert len(pool._idle[("http", "127.0.0.1", int(url.rsplit(":", 1)[1]))]) == 1
+            assert await pool.request("GET", url, "/", None, 5) == (200, b"[]")  # a second answer came with it:
+            assert not any(pool._idle.values())  # the connection is not reused
+            assert await pool.request("GET", url, "/", None, 5) == (200, b"next")
+        finally:
+            pool.close()
+            server.close()
     run(main())

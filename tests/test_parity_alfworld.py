@@ -42,7 +42,7 @@ import shutil
 
 import pytest
 
-from env_gateway.servers.process import EnvServerProcess, venv_python
+from env_gateway.process import EnvServerProcess, venv_python
 from tests.agentgym_proc import (AGENTGYM_DIR, AgentGymServer, compare_in_threads, match_report,
                                  require_agentgym)
 from tests.env_server_proc import require_venv

@@ -196,8 +196,20 @@ def test_item_splits_are_disjoint_and_bad_ids_are_rejected(server):
     splits = {s: set(server.ok("GET", f"/items?split={s}")["item_ids"]) for s in ("train", "dev", "test")}
     assert splits["test"] and not splits["test"] & splits["train"] and not splits["dev"] & splits["train"]
     env_id = server.ok("POST", "/create")["id"]
-    status, body = server.call("POST", "/reset", {"id": env_id, "data_idx": 10 ** 9})
+    status, body = server.call("POST", "/reset", {"id": env_id, "data_idx": -1})  # AgentGym: a seed of -1, a crash
     assert status == 400 and "out of range" in body["detail"]
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_item_ids_past_40000_are_served_as_agentgym_serves_them(server):
+    """AgentGym serves every data_idx >= 0 (level data_idx % 40 + 1, seed data_idx // 40); the server refused
+    "'data_idx' 92400 is out of range [0, 40000)"."""
+    env_id = server.ok("POST", "/create")["id"]
+    for data_idx in (39_999, 40_000, 92_400, 10 ** 9 + 7):
+        level = server.ok("POST", "/reset", {"id": env_id, "data_idx": data_idx % LEVELS})["level"]
+        first = server.ok("POST", "/reset", {"id": env_id, "data_idx": data_idx})
+        assert (first["level"], first["seed"]) == (level, data_idx // LEVELS)
+        assert first["observation"].startswith("Your goal: ")
     server.ok("POST", "/close", {"id": env_id})
 
 

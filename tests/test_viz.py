@@ -97,3 +97,19 @@ def test_bad_input_says_what_is_wrong(tmp_path):
         viz.main([f"ids={tmp_path / 'ids.jsonl'}", "--out", str(tmp_path / "x.html")])
     with pytest.raises(SystemExit, match="neither an episode JSONL file nor a directory"):
         viz.main([f"gone={tmp_path / 'missing'}"])
+
+
+def test_an_observation_that_opens_a_script_escape_does_not_blank_the_page(tmp_path):
+    """Was: "<!--<script>" in the data block (only "</" was escaped) made the HTML parser swallow the page's end tag
+    of the data script: 0 of 2 episodes rendered."""
+    rows = [{"item_id": str(i), "reward": 0.0, "success": False, "turn_rewards": [0.0],
+             "messages": [{"role": "user", "content": "go"},
+                          {"role": "assistant", "content": "Thought:\nhm\n\nAction:\nlook"},
+                          {"role": "user", "content": obs}]}
+            for i, obs in enumerate(["a comment <!--<script> opens here", "<!-- --!> <script></script> -->"])]
+    (tmp_path / "run.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page = viz.main([f"odd={tmp_path / 'run.jsonl'}", "--out", str(tmp_path / "odd.html")])
+    assert "<!--" not in open(page).read().split('<script id="data"', 1)[1].split("</script>", 1)[0]
+    text, _ = rendered(page, tmp_path)
+    assert "2 episodes shown" in text
+    assert "a comment <!--<script> opens here" in text and "<!-- --!> <script></script> -->" in text

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
-from env_gateway.servers.process import GATEWAY_LISTENING, wait_listening
+from env_gateway.process import GATEWAY_LISTENING, wait_listening
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -24,6 +24,11 @@ line, and an env's parser must not spend the server's time on it), or one that i
 surrogate, which the Java/C side of some envs cannot take). ``step`` is not called; ``invalid_action`` answers with
 an observation that says why, reward 0, and the episode as it was.
 
+Deadlines (``--read-timeout``, default 10 s; the gateway sends a request whole, at once): a connection that has not
+sent a whole request's headers within it, or sits idle that long between requests, is closed, and a body that has
+not arrived within it is a 408 after which the connection is closed (``http_settings``), so no client can hold a
+connection, a handler or memory for as long as it likes.
+
 An instance no request has touched for ``--instance-ttl`` seconds (default an hour, well above the gateway's
 15-minute session TTL) is closed by the server itself, so a client that dies (a killed gateway) leaks nothing for
 long; requests for it then get 404.
@@ -46,7 +51,11 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from env_gateway.secret_file import redact
+
 log = logging.getLogger("env_gateway.servers")
+READ_TIMEOUT = web.AppKey("read_timeout", float)  # the app's body deadline (json_body); absent: DEFAULT_READ_TIMEOUT
+DEFAULT_READ_TIMEOUT = 10.0
 
 
 class RequestError(Exception):
@@ -63,20 +72,33 @@ def non_finite(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number: send finite numbers")
 
 
-async def json_body(request: web.Request, *required: str) -> dict:
-    """The request's JSON object, with the required fields present; else a 400 that says what to fix. The body is
-    read as bytes (JSON is UTF-8/16/32 by its own first bytes), so a Content-Type charset Python does not know
-    cannot fail the request; NaN/Infinity and nesting past the parser's depth are 400s."""
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, if it arrives within the app's ``READ_TIMEOUT`` (else a 408 RequestError)."""
+    deadline = request.app.get(READ_TIMEOUT, DEFAULT_READ_TIMEOUT)
     try:
-        data = json.loads(await request.read(), parse_constant=non_finite)
+        async with asyncio.timeout(deadline):
+            return await request.read()
+    except TimeoutError:
+        raise RequestError(408, "body_timeout", f"the request body did not arrive within {deadline:g}s "
+                                                "(--read-timeout): send it at once") from None
+    except ConnectionResetError:
+        raise RequestError(400, "client_disconnected", "the client closed the connection before the body "
+                                                       "ended") from None
+
+
+async def json_body(request: web.Request, *required: str) -> dict:
+    """The request's JSON object, with the required fields present; else a 400 that says what to fix (408: the body
+    did not arrive in time, ``read_body``). The body is read as bytes (JSON is UTF-8/16/32 by its own first bytes),
+    so a Content-Type charset Python does not know cannot fail the request; NaN/Infinity and nesting past the
+    parser's depth are 400s."""
+    raw = await read_body(request)
+    try:
+        data = json.loads(raw, parse_constant=non_finite)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(400, "bad_json", f"the request body must be a JSON object ({e})") from None
     except RecursionError:
         raise RequestError(400, "bad_json", "the request body nests deeper than the JSON parser takes: send a flat "
                                             "JSON object") from None
-    except ConnectionResetError:
-        raise RequestError(400, "client_disconnected", "the client closed the connection before the body "
-                                                       "ended") from None
     if not isinstance(data, dict):
         raise RequestError(400, "bad_json", "the request body must be a JSON object")
     missing = [k for k in required if k not in data]
@@ -85,36 +107,12 @@ async def json_body(request: web.Request, *required: str) -> dict:
     return data
 
 
-SECRETS: set[str] = set()  # text that must not leave the process (the τ² server's read_key adds its user key)
-
-
-def read_secret_file(path: str) -> str:
-    """The secret in ``path``: the file's one non-empty line, stripped. Refused (ValueError saying what to do) when
-    the file is missing, empty, has more lines, can be read by group or others, or is a symlink out of its folder
-    (secrets stay in .secrets/). The secret joins ``SECRETS``, so no error answer or log line shows it."""
-    if not os.path.isfile(path):
-        raise ValueError(f"no file {path}")
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    if os.path.islink(path) and os.path.dirname(os.path.realpath(path)) != folder:
-        raise ValueError(f"{path} is a symlink out of its folder (to {os.path.realpath(path)}): copy the secret into "
-                         f"{folder} instead")
-    mode = os.stat(path).st_mode & 0o777
-    if mode & 0o077:
-        raise ValueError(f"{path} can be read by others (mode {mode:o}): run `chmod 600 {path}`")
-    with open(path) as f:
-        lines = [line.strip() for line in f.read().splitlines() if line.strip()]
-    if len(lines) != 1:
-        raise ValueError(f"{path} is empty" if not lines else
-                         f"{path} has {len(lines)} lines: it must hold the secret alone, on one line")
-    SECRETS.add(lines[0])
-    return lines[0]
-
-
-def redact(text: str) -> str:
-    """``text`` with every one of ``SECRETS`` replaced by [redacted]."""
-    for secret in SECRETS:
-        text = text.replace(secret, "[redacted]")
-    return text
+def http_settings(read_timeout: float) -> dict:
+    """aiohttp server settings (``web.run_app`` / ``web.AppRunner`` keywords) for a server with ``read_timeout``:
+    ``keepalive_timeout`` closes a connection that has not sent a whole request's headers by then (a fresh one, a slow
+    sender, an idle keep-alive one); ``lingering_time`` 0: after answering a request whose body has not all come
+    (``read_body``'s 408), close at once instead of reading on for up to 10 s more."""
+    return {"keepalive_timeout": read_timeout, "lingering_time": 0}
 
 
 def json_errors(env_name: str) -> Callable:
@@ -170,13 +168,14 @@ def integer_field(raw: Any, name: str, error: str) -> int:
 
 async def reap_idle(name: str, instances: dict, ttl: float, close: Callable[[Any], Awaitable[None]]) -> None:
     """Forever: close (``close(instance)``, after removing it) every value of ``instances`` whose ``last_used``
-    (time.monotonic) is more than ``ttl`` seconds ago and whose ``lock`` is free; checks every ttl/4 (<= 30 s)."""
+    (time.monotonic) is more than ``ttl`` seconds ago and whose ``lock`` is free; checks every ttl/4 (<= 30 s). One
+    that a request closed while an earlier close ran is not closed again."""
     while True:
         await asyncio.sleep(min(ttl / 4, 30.0))
         now = time.monotonic()
         for key, inst in list(instances.items()):
-            if now - inst.last_used > ttl and not inst.lock.locked():
-                instances.pop(key, None)
+            if now - inst.last_used > ttl and not inst.lock.locked() and instances.get(key) is inst:
+                del instances[key]
                 log.info("%s: closing instance %s, untouched for %.0fs (--instance-ttl)", name, key,
                          now - inst.last_used)
                 try:
@@ -206,6 +205,7 @@ class EnvServer:
     name: str = "env"
     max_action_chars: int = 4096  # longer actions are invalid actions, unparsed (see the module docstring)
     instance_ttl: float = 3600.0  # seconds untouched before the server closes an instance (--instance-ttl)
+    read_timeout: float = DEFAULT_READ_TIMEOUT  # seconds for a request's headers, its body, an idle connection
 
     def __init__(self, max_instances: int = 256, workers: int = 8):
         self.max_instances = max_instances
@@ -348,7 +348,9 @@ class EnvServer:
         data = await json_body(request, "id")
         env_id, inst = self.instance(data["id"])
         async with inst.lock:
-            self.instances.pop(env_id, None)
+            if self.instances.get(env_id) is not inst:  # a close of it that came first held the lock: closed once
+                raise RequestError(404, "unknown_id", f"no {self.name} instance {env_id}: it was closed meanwhile")
+            del self.instances[env_id]
             await self.run_blocking(self.close_env, inst.env)
         return web.json_response({"closed": env_id})
 
@@ -365,6 +367,7 @@ class EnvServer:
             web.post("/close", self.handle_close),
             *self.extra_routes(),
         ])
+        app[READ_TIMEOUT] = self.read_timeout
         app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._shutdown)
         return app
@@ -398,17 +401,22 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
     parser.add_argument("--instance-ttl", type=float, default=server_cls.instance_ttl,
                         help="seconds an instance may go untouched before the server closes it (keep it above the "
                              "gateway's --session-ttl)")
+    parser.add_argument("--read-timeout", type=float, default=server_cls.read_timeout,
+                        help="seconds a client has to send a request's headers, and again its body (408), and that an "
+                             "idle connection stays open")
     parser.add_argument("--log-level", default="INFO")
     server_cls.add_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.instance_ttl <= 0:
-        parser.error(f"--instance-ttl must be > 0 seconds, got {args.instance_ttl}")
-    extra = {k: v for k, v in vars(args).items() if k not in ("host", "port", "fd", "log_level", "instance_ttl")}
+    for flag in ("instance_ttl", "read_timeout"):
+        if getattr(args, flag) <= 0:
+            parser.error(f"--{flag.replace('_', '-')} must be > 0 seconds, got {getattr(args, flag)}")
+    extra = {k: v for k, v in vars(args).items()
+             if k not in ("host", "port", "fd", "log_level", "instance_ttl", "read_timeout")}
     server = server_cls(**extra)
-    server.instance_ttl = args.instance_ttl
+    server.instance_ttl, server.read_timeout = args.instance_ttl, args.read_timeout
     sock, port = bound_socket(args.host, args.port, args.fd)  # the log names the port --port 0 got
     host = sock.getsockname()[0]
     # run_app turns SIGINT and SIGTERM into a graceful shutdown, which closes every instance.
-    web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
+    web.run_app(server.app(), sock=sock, **http_settings(args.read_timeout), print=lambda *_: log.info(
         "%s server listening on http://%s:%d", server_cls.name, host, port))

@@ -7,8 +7,9 @@ grids as AgentGym's minigrid 2.3.1 except in two places, both undone here: 2.3.1
 registry slip: room size 4) is 3.2.0's "BabyAI-GoToObjS4-v0", and 2.3.1's LevelGen kept ``locked_room`` from one
 generated mission to the next (3.2.0 clears it), which changes some Synth*/Boss missions; like AgentGym, every
 reset seeds the env twice (its env resets once when built and once more on /reset), which matters only through
-that kept room. Splits (by seed, so every split holds all 40 levels): test = seeds 0-9 (ids 0-399), dev = seeds
-10-19 (400-799), train = seeds 20-999.
+that kept room. Every ``data_idx`` >= 0 is served, as AgentGym serves it (any seed; a negative one, which minigrid
+cannot seed, is a 400). Splits (GET /items; by seed, so every split holds all 40 levels): test = seeds 0-9 (ids
+0-399), dev = seeds 10-19 (400-799), train = seeds 20-999.
 
 Text (``--text``):
 - ``agentgym``: AgentGym's server, reply for reply: the first observation ("Your goal: ...", the view "In front of
@@ -72,7 +73,7 @@ LEVELS = (
 REGISTERED = {"BabyAI-GoToObjS6-v0": "BabyAI-GoToObjS4-v0"}
 # Levels BabyAIBot cannot do: it fails on KeyInBox and PutNext*Carrying and can search without end on UnlockToUnlock.
 NO_EXPERT = ("BabyAI-KeyInBox-v0", "BabyAI-PutNextS7N4Carrying-v0", "BabyAI-UnlockToUnlock-v0")
-SEEDS = 1000
+SEEDS = 1000  # the seeds the splits list; /reset serves any seed
 SPLIT_SEEDS = {"test": range(0, 10), "dev": range(10, 20), "train": range(20, SEEDS)}
 TEXTS = ("compact", "agentgym")
 
@@ -335,8 +336,8 @@ class BabyAIServer(EnvServer):
     def new_env(self) -> Episode:
         return Episode()
 
-    def num_items(self) -> int:
-        return len(LEVELS) * SEEDS
+    def num_items(self) -> None:
+        return None  # unbounded, as AgentGym's: data_idx // 40 is any seed (only a negative data_idx is refused)
 
     def item_ids(self, split: str) -> list[int]:
         return item_ids(split)

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 # the gateway's own line: its log also holds the lines of replicas it spawned, which say "listening on" too
 GATEWAY_LISTENING = re.compile(rb"gateway listening on http://127\.0\.0\.1:(\d+)")
