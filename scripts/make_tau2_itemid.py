@@ -1,5 +1,6 @@
 """Write τ²-bench item-id files (OpenRLHF prompt datasets) from τ²-bench's own task splits.
 
+    python scripts/make_tau2_itemid.py --domains retail airline telecom --split train --out data/
     python scripts/make_tau2_itemid.py --tau2-data PATH --domains retail airline telecom --split train --out data/
     .venvs/tau2/bin/python scripts/make_tau2_itemid.py --from-package --split train test --out data/
 
@@ -9,6 +10,8 @@ files (``--tau2-data``: a checkout of sierra-research/tau2-bench at the pinned c
 ``data/tau2/domains/<domain>/split_tasks.json``, or a folder holding ``<domain>/split_tasks.json`` directly), or
 (``--from-package``) from the installed tau2 package's own loaders, ``tau2.run.load_task_splits``, with every id
 checked against ``tau2.run.load_tasks`` where the domain's tasks file is present (the shared copy lacks telecom's).
+With neither flag the installed package is used: this interpreter's ``tau2`` when it has one, else the τ² server's
+venv (.venvs/tau2, from ``bash scripts/setup_env.sh tau2``), which runs this script again with ``--from-package``.
 The files under data/ are committed, so training and evaluation need neither. Splits at c5b2d22: airline train
 30 / test 20, retail 74 / 40, telecom 74 / 40.
 """
@@ -16,11 +19,15 @@ The files under data/ are committed, so training and evaluation need neither. Sp
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 DOMAINS = ("airline", "retail", "telecom")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TAU2_VENV_PYTHON = os.path.join(ROOT, ".venvs", "tau2", "bin", "python")
 
 
 def split_file(tau2_data: str, domain: str) -> str:
@@ -63,15 +70,36 @@ def package_task_ids(domain: str, split: str) -> list[str]:
     return ids
 
 
+def in_tau2_venv(argv: list[str]) -> list[str]:
+    """Run this script with --from-package under the τ² server's venv (this interpreter lacks tau2); the files it
+    wrote, from its stderr lines "<path>: <n> items"."""
+    if not os.path.exists(TAU2_VENV_PYTHON):
+        raise SystemExit("make_tau2_itemid: no tau2 package here and no .venvs/tau2 (bash scripts/setup_env.sh tau2 "
+                         "builds it from a tau2-bench checkout at c5b2d22); or give the split files with --tau2-data "
+                         "<tau2-bench checkout>")
+    done = subprocess.run([TAU2_VENV_PYTHON, os.path.abspath(__file__), "--from-package", *argv],
+                          stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)
+    return [line.rsplit(": ", 1)[0] for line in done.stderr.splitlines() if line.endswith(" items")]
+
+
 def main(argv: list[str] | None = None) -> list[str]:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--tau2-data", help="tau2-bench checkout at c5b2d22, or its domains folder")
-    source.add_argument("--from-package", action="store_true", help="the installed tau2 package's own task loaders")
+    source.add_argument("--from-package", action="store_true", help="the installed tau2 package's own task loaders "
+                        "(the default: this interpreter's, else .venvs/tau2's)")
     parser.add_argument("--domains", nargs="+", default=list(DOMAINS), choices=DOMAINS)
     parser.add_argument("--split", nargs="+", required=True, help="splits of split_tasks.json: train, test, base, ...")
     parser.add_argument("--out", default="data/")
     args = parser.parse_args(argv)
+    if not args.tau2_data and not args.from_package:
+        if importlib.util.find_spec("tau2") is None:
+            return in_tau2_venv(argv)
+        args.from_package = True
     os.makedirs(args.out, exist_ok=True)
     written = []
     for split in args.split:

@@ -17,6 +17,9 @@
 # beside this repository). Its domain data (TAU2_BENCH_DIR/data) is copied into the venv, and a .pth file makes it
 # tau2's default data folder (TAU2_DATA_DIR, set in the server's environment, still wins). Without the checkout it
 # says so and builds nothing, exit 0 (tests/test_tau2_real.py then skips with the reason). About 75 s on 2 cores.
+# The commit it was built from is recorded beside the venv (.venvs/tau2/tau2-commit.json): the checkout's git HEAD,
+# or, for a copy that is no git checkout, the commit stated once with TAU2_COMMIT=c5b2d22 (scripts/tau2_commit.py).
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -95,7 +98,7 @@ setup_one() {
             [ -f "$tau2_dir/LICENSE" ] && cp "$tau2_dir/LICENSE" "$src/"
             chmod -R u+w "$src"
             "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$src"
-            rm -rf "$src" "$venv/tau2-data"
+            rm -rf "$src" "$venv/tau2-data" "$venv/tau2-commit.json"  # a new install: its commit is recorded below
             cp -r "$tau2_dir/data" "$venv/tau2-data" && chmod -R u+w "$venv/tau2-data"
         fi
         echo "$want" > "$stamp"
@@ -121,6 +124,18 @@ setup_one() {
             echo "$out" | tail -20 >&2
             echo "setup_env: tau2: importing tau2.registry fails in $venv (output above); delete it and rerun" >&2
             return 1; }
+        # the commit the package came from, beside the venv: tau2 run records "unknown" for an install from a copy
+        # that is not a git checkout, and the scorer reads this record instead (scripts/tau2_commit.py)
+        local commit
+        commit="$("$venv/bin/python" "$ROOT/scripts/tau2_commit.py" --venv "$venv" --record --checkout "$tau2_dir" \
+            ${TAU2_COMMIT:+--commit "$TAU2_COMMIT"})" || return 2
+        if [ "$commit" = unknown ]; then
+            echo "setup_env: tau2: note: $tau2_dir is no git checkout, so the tau2 commit of this install is unknown" \
+                 "and no evaluation made with it is comparable with published numbers: state it once, e.g." \
+                 "TAU2_COMMIT=c5b2d22 bash scripts/setup_env.sh tau2 (recorded in $venv/tau2-commit.json)"
+        else
+            echo "setup_env: tau2: installed from tau2-bench commit $commit"
+        fi
         if [ ! -f "$venv/tau2-data/tau2/user_simulator/simulation_guidelines.md" ]; then
             echo "setup_env: tau2: note: $tau2_dir/data has no tau2/user_simulator/simulation_guidelines.md (the user" \
                  "simulator's prompt); the server refuses to start conversations without it: set TAU2_DATA_DIR to" \

@@ -20,14 +20,21 @@
 #   USER_BASE_URL= (an OpenAI-compatible user endpoint; empty: the provider litellm picks for USER_LLM)
 #   USER_MODEL_PATH= (serve this checkpoint as the user model with vLLM here: a deviation from the published user)
 #   USER_KEY_FILE=.secrets/tau2_user_api_key (the user model's key: read from the file, given only to `tau2 run` as
-#     OPENAI_API_KEY in its environment, never on a command line, never logged; may be absent for a local user model)
+#     OPENAI_API_KEY in its environment, never on a command line, never logged; may be absent for a local user model:
+#     USER_MODEL_PATH, or a USER_BASE_URL on this machine (127.0.0.0/8, localhost, [::1]), which get the placeholder)
+#   TELECOM_TASKS= (the telecom task file tau2 loads: empty = tasks.json, as published; small or full = tasks_small.json
+#     or tasks_full.json of the same data folder, used in place, without copying: a deviation; pair small with
+#     TASK_SPLIT=small, the only split it holds)
 #   RESULTS_DIR=runs/tau2  ON_EXISTING=archive (a result file of the same TAG is moved to RESULTS_DIR/archive/ first;
 #     resume: continue it, answering tau2's resume question; fail: stop)  TASK_IDS= NUM_TASKS= (subsets: tests only)
 #   MAX_CONCURRENCY=3 (tau2's default)  VLLM=vllm (the CLI)  VLLM_ARGS= (more `vllm serve` arguments)
 #   POLICY_CUDA_DEVICES= USER_CUDA_DEVICES= (CUDA_VISIBLE_DEVICES of each server)  STARTUP_TIMEOUT=1200 (seconds)
 #   TAU2_BENCH_DIR=../shared/tau2-bench-c5b2d22 (tau2 records `git rev-parse HEAD` of its working directory as the
 #     run's commit: `tau2 run` runs inside this checkout when it is a git checkout, else in an empty folder, where it
-#     records "unknown")  PYTHON (for the scorer; default .venv/bin/python)
+#     records "unknown"; the config then records the install's commit, from pip or from .venvs/tau2/tau2-commit.json,
+#     which `TAU2_COMMIT=c5b2d22 bash scripts/setup_env.sh tau2` writes: scripts/tau2_commit.py)
+#   PYTHON (for the scorer; default .venv/bin/python)
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,13 +58,14 @@ say() { echo "tau2_align_eval: $*"; }
 : "${POLICY_BASE_URL:=}" "${MODEL_PATH:=}" "${USER_BASE_URL:=}" "${USER_MODEL_PATH:=}"
 : "${USER_KEY_FILE:=${COPE_SECRETS_DIR:-$ROOT/.secrets}/tau2_user_api_key}"
 : "${RESULTS_DIR:=runs/tau2}" "${ON_EXISTING:=archive}" "${TASK_IDS:=}" "${NUM_TASKS:=}" "${MAX_CONCURRENCY:=3}"
+: "${TELECOM_TASKS:=}"
 : "${VLLM:=vllm}" "${VLLM_ARGS:=}" "${POLICY_CUDA_DEVICES:=}" "${USER_CUDA_DEVICES:=}" "${STARTUP_TIMEOUT:=1200}"
 : "${TAU2_BENCH_DIR:=$(dirname "$ROOT")/shared/tau2-bench-c5b2d22}"
 : "${TAG:?set TAG, the name this evaluation is saved and scored under (e.g. TAG=mine)}"
 [[ "$TAG" =~ ^[A-Za-z0-9._-]+$ ]] || die "TAG=$TAG: use letters, digits, '.', '_' and '-' only"
 
 case "$TAU2_VERSION" in
-    infopo) : "${TAU2_VENV:=$ROOT/.venvs/tau2}"; TAU2_COMMIT=c5b2d22 ;;
+    infopo) : "${TAU2_VENV:=$ROOT/.venvs/tau2}"; TAU2_PINNED=c5b2d22 ;;
     *) die "TAU2_VERSION=$TAU2_VERSION: known versions: infopo (tau2-bench at commit c5b2d22, .venvs/tau2)" ;;
 esac
 TAU2="$TAU2_VENV/bin/tau2"
@@ -66,6 +74,22 @@ case "$ON_EXISTING" in
     archive | resume | fail) ;;
     *) die "ON_EXISTING=$ON_EXISTING: use archive, resume or fail" ;;
 esac
+case "$TELECOM_TASKS" in
+    "" | small | full) ;;
+    *) die "TELECOM_TASKS=$TELECOM_TASKS: leave it empty (tasks.json, as published), or name small or full" ;;
+esac
+is_loopback() {  # URL: whether its host is this machine (a local server needs no real key)
+    local host="${1#*://}"
+    host="${host%%/*}"; host="${host##*@}"
+    case "$host" in
+        \[::1\]*) return 0 ;;
+    esac
+    host="${host%%:*}"
+    case "$host" in
+        localhost | 127.*) return 0 ;;
+        *) return 1 ;;
+    esac
+}
 if [ -z "$POLICY_BASE_URL" ] && [ -z "$MODEL_PATH" ]; then
     die "set MODEL_PATH (a Hugging Face checkpoint to serve with vLLM) or POLICY_BASE_URL (a running" \
         "OpenAI-compatible server whose model is named SERVED_NAME=$SERVED_NAME)"
@@ -89,6 +113,28 @@ elif [ "$USER_LLM" != gpt-4o-mini-2024-07-18 ]; then
     deviations+=("user model $USER_LLM (published: gpt-4o-mini-2024-07-18)")
 fi
 [ -z "$TASK_IDS$NUM_TASKS" ] || deviations+=("a subset of tasks (TASK_IDS=$TASK_IDS NUM_TASKS=$NUM_TASKS)")
+[ -z "$TELECOM_TASKS" ] || deviations+=("telecom task file tasks_$TELECOM_TASKS.json (published: tasks.json)")
+[ "$MAX_MODEL_LEN" = 32768 ] || deviations+=("policy context $MAX_MODEL_LEN (published: 32768)")
+if [ -n "$USER_BASE_URL" ] && [ -z "$USER_MODEL_PATH" ]; then
+    deviations+=("user endpoint $USER_BASE_URL (published: the provider's own API)")
+fi
+# The tau2 commit: tau2 records its working directory's git HEAD (a TAU2_BENCH_DIR git checkout, below); for an
+# install from a plain copy it records "unknown", so the install's own record is read (pip, or setup_env.sh's).
+installed="$("${PYTHON:-python3}" "$ROOT/scripts/tau2_commit.py" --venv "$TAU2_VENV" --source 2>/dev/null || true)"
+TAU2_INSTALLED="$(sed -n 1p <<<"$installed")" TAU2_COMMIT_SOURCE="$TAU2_VENV: $(sed -n 2p <<<"$installed")"
+[ -n "$TAU2_INSTALLED" ] || TAU2_INSTALLED=unknown
+top="$(git -C "$TAU2_BENCH_DIR" rev-parse --show-toplevel 2>/dev/null || true)"
+if [ -n "$top" ] && [ "$(cd "$top" && pwd -P)" = "$(cd "$TAU2_BENCH_DIR" && pwd -P)" ]; then
+    TAU2_INSTALLED="$(git -C "$TAU2_BENCH_DIR" rev-parse HEAD)"
+    TAU2_COMMIT_SOURCE="git rev-parse HEAD of $TAU2_BENCH_DIR, where tau2 runs"
+fi
+if [ "$TAU2_INSTALLED" = unknown ]; then
+    TAU2_COMMIT_SOURCE=""
+    why="$TAU2_VENV records none (state it once: TAU2_COMMIT=$TAU2_PINNED bash scripts/setup_env.sh tau2)"
+    deviations+=("tau2 commit unknown: $why and TAU2_BENCH_DIR is no git checkout (published: $TAU2_PINNED)")
+elif [[ "$TAU2_INSTALLED" != "$TAU2_PINNED"* ]]; then
+    deviations+=("tau2 commit $TAU2_INSTALLED (published: $TAU2_PINNED)")
+fi
 for d in "${deviations[@]}"; do say "deviation from the published protocol: $d"; done
 
 # ---- servers ----------------------------------------------------------------------------------------------------
@@ -117,6 +163,15 @@ free_port() {
 # serve NAME MODEL DEVICES: starts `vllm serve` in its own process group; SERVED_URL := its /v1 URL once it answers.
 serve() {
     local name="$1" model="$2" devices="$3" port="<a free port>" log
+    if ! is_true "${DRY_RUN:-0}" && ! command -v "$VLLM" >/dev/null; then
+        if [ "$name" = policy ]; then
+            die "$VLLM (vLLM's CLI) not found, to serve the policy MODEL_PATH=$model: install vLLM, set VLLM=<path>," \
+                "or set POLICY_BASE_URL to a running policy server"
+        fi
+        die "$VLLM (vLLM's CLI) not found, to serve the user model USER_MODEL_PATH=$model: install vLLM, set" \
+            "VLLM=<path>, or serve the user model elsewhere and set USER_BASE_URL (and USER_LLM=openai/<its name>)" \
+            "instead of USER_MODEL_PATH"
+    fi
     # vLLM binds the port itself: chosen free just before, and the health wait below checks that it is vLLM there
     is_true "${DRY_RUN:-0}" || port="$(free_port)"
     log="$RESULTS_ABS/${TAG}_vllm_${name}.log"
@@ -131,8 +186,6 @@ serve() {
         printf '%s' "${devices:+CUDA_VISIBLE_DEVICES=$devices }"; printf '%q ' "${cmd[@]}"; echo
         return
     fi
-    command -v "$VLLM" >/dev/null || die "$VLLM (vLLM's CLI) not found: install vLLM, set VLLM=<path>, or set" \
-        "POLICY_BASE_URL to a running server"
     say "serving $model as '$served' on $SERVED_URL (log: $log)"
     if [ -n "$devices" ]; then
         CUDA_VISIBLE_DEVICES="$devices" setsid "${cmd[@]}" >"$log" 2>&1 </dev/null &
@@ -165,7 +218,7 @@ fi
 # ---- tau2 -------------------------------------------------------------------------------------------------------
 if ! is_true "${DRY_RUN:-0}"; then
     [ -x "$TAU2" ] || die "$TAU2 not found: build it with \`bash scripts/setup_env.sh tau2\` (TAU2_BENCH_DIR: a" \
-        "sierra-research/tau2-bench checkout at commit $TAU2_COMMIT)"
+        "sierra-research/tau2-bench checkout at commit $TAU2_PINNED)"
 fi
 # tau2 writes DATA_DIR/simulations/<save-to>.json; pathlib drops DATA_DIR/simulations for an absolute <save-to>.
 # The agent's arguments: τ²'s defaults (temperature 0) plus where the policy is. Nothing else: c5b2d22 hands
@@ -178,16 +231,54 @@ run_dir="$scratch/cwd"  # tau2's working directory when no git checkout is there
 mkdir "$run_dir"
 if git -C "$TAU2_BENCH_DIR" rev-parse HEAD >/dev/null 2>&1; then
     head_commit="$(git -C "$TAU2_BENCH_DIR" rev-parse HEAD)"
-    [[ "$head_commit" == "$TAU2_COMMIT"* ]] || die "$TAU2_BENCH_DIR is at commit $head_commit, not $TAU2_COMMIT" \
-        "(TAU2_VERSION=$TAU2_VERSION): check out $TAU2_COMMIT there, rebuild .venvs/tau2, or set TAU2_BENCH_DIR"
+    [[ "$head_commit" == "$TAU2_PINNED"* ]] || die "$TAU2_BENCH_DIR is at commit $head_commit, not $TAU2_PINNED" \
+        "(TAU2_VERSION=$TAU2_VERSION): check out $TAU2_PINNED there, rebuild .venvs/tau2, or set TAU2_BENCH_DIR"
     run_dir="$(cd "$TAU2_BENCH_DIR" && pwd)"
+fi
+
+# TELECOM_TASKS: tau2 reads telecom's tasks from tasks.json of its data folder. The named file takes that place in a
+# folder of links to the data folder (nothing copied, nothing of tau2 changed), given to the telecom run only.
+telecom_data=""
+link_all() {  # link_all SRC DST SKIP: DST/<entry> links to SRC/<entry>, for every entry of SRC but SKIP
+    local src="$1" dst="$2" skip="$3" entry
+    mkdir -p "$dst"
+    for entry in "$src"/* "$src"/.[!.]*; do
+        [ -e "$entry" ] || [ -L "$entry" ] || continue
+        [ "$(basename "$entry")" = "$skip" ] || ln -s "$entry" "$dst/"
+    done
+}
+if [ -n "$TELECOM_TASKS" ] && [[ " ${domains[*]} " == *" telecom "* ]]; then
+    if is_true "${DRY_RUN:-0}"; then
+        telecom_data="<links to tau2's data folder, tasks.json -> tasks_$TELECOM_TASKS.json>"
+    else
+        data_dir="${TAU2_DATA_DIR:-}"
+        [ -n "$data_dir" ] ||
+            data_dir="$("$TAU2_PY" -c 'from tau2.utils.utils import DATA_DIR; print(DATA_DIR)' 2>/dev/null)"
+        telecom="$data_dir/tau2/domains/telecom"
+        [ -f "$telecom/tasks_$TELECOM_TASKS.json" ] || die "TELECOM_TASKS=$TELECOM_TASKS: tau2's data folder" \
+            "has no tau2/domains/telecom/tasks_$TELECOM_TASKS.json (TAU2_DATA_DIR=$data_dir)"
+        held="$("$TAU2_PY" -c 'import json, sys
+tasks = {str(t["id"]) for t in json.load(open(sys.argv[1]))}
+split = json.load(open(sys.argv[2])).get(sys.argv[3], [])
+print(sum(str(t) in tasks for t in split))' "$telecom/tasks_$TELECOM_TASKS.json" "$telecom/split_tasks.json" \
+            "$TASK_SPLIT")"
+        [ "$held" -gt 0 ] || die "TELECOM_TASKS=$TELECOM_TASKS: tasks_$TELECOM_TASKS.json holds none of the tasks of" \
+            "telecom's $TASK_SPLIT split (split_tasks.json): pick the split it holds, e.g. TASK_SPLIT=$TELECOM_TASKS"
+        telecom_data="$scratch/tau2-data"
+        link_all "$data_dir" "$telecom_data" tau2
+        link_all "$data_dir/tau2" "$telecom_data/tau2" domains
+        link_all "$data_dir/tau2/domains" "$telecom_data/tau2/domains" telecom
+        link_all "$telecom" "$telecom_data/tau2/domains/telecom" tasks.json
+        ln -s "$telecom/tasks_$TELECOM_TASKS.json" "$telecom_data/tau2/domains/telecom/tasks.json"
+    fi
 fi
 
 config="$RESULTS_ABS/${TAG}_eval_config.json"
 write_config() {
     local dev_json
     dev_json="$(printf '%s\n' "${deviations[@]}")"
-    DEVIATIONS="$dev_json" TAG="$TAG" TAU2_COMMIT="$TAU2_COMMIT" TAU2_VENV="$TAU2_VENV" MODEL_PATH="$MODEL_PATH" \
+    DEVIATIONS="$dev_json" TAG="$TAG" TAU2_INSTALLED="$TAU2_INSTALLED" TAU2_COMMIT_SOURCE="$TAU2_COMMIT_SOURCE" \
+        TAU2_VENV="$TAU2_VENV" MODEL_PATH="$MODEL_PATH" TELECOM_TASKS="$TELECOM_TASKS" \
         POLICY_BASE_URL="$POLICY_BASE_URL" AGENT_ARGS="$agent_args" USER_LLM="$USER_LLM" USER_ARGS="$user_args" \
         USER_MODEL_PATH="$USER_MODEL_PATH" RESULTS_ABS="$RESULTS_ABS" RUN_DIR="$run_dir" \
         DOMAINS="$DOMAINS" TASK_SPLIT="$TASK_SPLIT" NUM_TRIALS="$NUM_TRIALS" MAX_STEPS="$MAX_STEPS" \
@@ -197,7 +288,8 @@ import datetime, json, os, sys
 e = os.environ
 config = {
     "tag": e["TAG"], "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "tau2_version": e["TAU2_VERSION"], "tau2_commit": e["TAU2_COMMIT"], "tau2_venv": e["TAU2_VENV"],
+    "tau2_version": e["TAU2_VERSION"], "tau2_commit": e["TAU2_INSTALLED"],
+    "tau2_commit_source": e["TAU2_COMMIT_SOURCE"] or None, "tau2_venv": e["TAU2_VENV"],
     "tau2_working_dir": e["RUN_DIR"],
     "policy": {"model_path": e["MODEL_PATH"] or None, "served_name": e["SERVED_NAME"], "base_url": e["POLICY_BASE_URL"],
                "server": "vllm serve --enable-auto-tool-choice --tool-call-parser hermes" if e["MODEL_PATH"] else
@@ -207,6 +299,7 @@ config = {
              "local_model_path": e["USER_MODEL_PATH"] or None},
     "domains": e["DOMAINS"].split(), "task_split": e["TASK_SPLIT"], "num_trials": int(e["NUM_TRIALS"]),
     "max_steps": int(e["MAX_STEPS"]), "max_errors": "tau2 default (10)", "seed": "tau2 default (300)",
+    "telecom_tasks": f"tasks_{e['TELECOM_TASKS']}.json" if e["TELECOM_TASKS"] else "tasks.json",
     "max_concurrency": int(e["MAX_CONCURRENCY"]), "task_ids": e["TASK_IDS"].split() or None,
     "num_tasks": int(e["NUM_TASKS"]) if e["NUM_TASKS"] else None,
     "results": {d: os.path.join(e["RESULTS_ABS"], f"{e['TAG']}_{d}.json") for d in e["DOMAINS"].split()},
@@ -233,11 +326,12 @@ fi
 user_key=""
 if [ -f "$USER_KEY_FILE" ]; then
     user_key="$(tr -d '[:space:]' <"$USER_KEY_FILE")"
-elif [ -n "$USER_MODEL_PATH" ] || is_true "${DRY_RUN:-0}"; then
-    user_key="EMPTY"
+elif [ -n "$USER_MODEL_PATH" ] || { [ -n "$USER_BASE_URL" ] && is_loopback "$USER_BASE_URL"; } ||
+    is_true "${DRY_RUN:-0}"; then
+    user_key="EMPTY"  # a server on this machine (vLLM's, say) takes any key: the placeholder, no file needed
 else
-    die "no user-model key at $USER_KEY_FILE: write the key there (chmod 600; any text for a local" \
-        "OpenAI-compatible server), or set USER_KEY_FILE"
+    die "no user-model key at $USER_KEY_FILE: write the key there (chmod 600), or set USER_KEY_FILE (a user" \
+        "model served on this machine needs none: USER_MODEL_PATH, or a loopback USER_BASE_URL)"
 fi
 
 redact() {  # copies stdin to stdout and FILE with the key replaced (the key reaches the filter by its environment)
@@ -259,7 +353,9 @@ for domain in "${domains[@]}"; do
     if [ -n "$TASK_IDS" ]; then read -r -a ids <<<"$TASK_IDS"; cmd+=(--task-ids "${ids[@]}"); fi
     if [ -n "$NUM_TASKS" ]; then cmd+=(--num-tasks "$NUM_TASKS"); fi
     if is_true "${DRY_RUN:-0}"; then
-        printf '(cd %q && %q ' "$run_dir" "OPENAI_API_KEY=<from $USER_KEY_FILE>"; printf '%q ' "${cmd[@]}"
+        printf '(cd %q && %q ' "$run_dir" "OPENAI_API_KEY=<from $USER_KEY_FILE>"
+        if [ "$domain" = telecom ] && [ -n "$telecom_data" ]; then printf '%q ' "TAU2_DATA_DIR=$telecom_data"; fi
+        printf '%q ' "${cmd[@]}"
         printf '</dev/null)\n'
         continue
     fi
@@ -281,7 +377,10 @@ for domain in "${domains[@]}"; do
     fi
     say "$domain: tau2 run (log: $save.log)"
     status=0
-    (cd "$run_dir" && OPENAI_API_KEY="$user_key" "${cmd[@]}" <"$answer" 2>&1) | redact "$save.log" || status=$?
+    domain_data=""
+    if [ "$domain" = telecom ]; then domain_data="$telecom_data"; fi
+    (cd "$run_dir" && export OPENAI_API_KEY="$user_key" && if [ -n "$domain_data" ]; then
+        export TAU2_DATA_DIR="$domain_data"; fi && "${cmd[@]}" <"$answer" 2>&1) | redact "$save.log" || status=$?
     if [ "$status" != 0 ] && grep -q "AssistantMessage must have either content or tool calls" "$save.log"; then
         die "$domain: \`tau2 run\` failed (exit $status; log: $save.log): the policy answered a turn with an empty" \
             "message, and tau2 at c5b2d22 then stops the whole domain, with no simulation saved (docs/TAU2_GRPO.md, \"Traps\")"

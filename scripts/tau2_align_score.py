@@ -3,16 +3,24 @@
     tau2 run --domain <d> ... --num-trials 4 --task-split-name test --save-to <TAG>_<d>     (for each domain)
     python scripts/tau2_align_score.py --tag TAG --results-dir <tau2 checkout>/data/simulations [--out s.json]
 
-Reads ``<results-dir>/<TAG>_<domain>.json`` (τ²'s Results: ``info.num_trials``, ``info.user_info.llm``,
-``info.git_commit``, ``simulations[]`` with ``task_id``, ``trial``, ``reward_info.reward``). It refuses (exit 2)
-to score a domain whose run is incomplete: every task of the split (data/tau2_<domain>_<split>.jsonl) must have
-trials 0 … k−1, and no simulation may belong to another split; a partial run is biased toward short tasks.
-A simulation without a reward (crashed, timed out) counts as reward 0, as docs/TAU2_GRPO.md rule 4 says.
-A domain or split without a committed item-id file (τ²'s ``mock`` test domain, its ``base`` split) is checked
-against the task list τ² itself saved in the Results (``tasks[].id``) and has no published row.
+Reads ``<results-dir>/<TAG>_<domain>.json`` (τ²'s Results: ``info`` with ``num_trials``, ``max_steps``,
+``max_errors``, ``seed``, ``git_commit``, ``agent_info`` and ``user_info`` (each ``implementation``, ``llm``,
+``llm_args``); ``simulations[]`` with ``task_id``, ``trial``, ``reward_info.reward``), and the evaluation's config
+``<results-dir>/<TAG>_eval_config.json`` that scripts/tau2_align_eval.sh writes beside it. It refuses (exit 2) to
+score a domain whose run is incomplete: every task of the split (data/tau2_<domain>_<split>.jsonl) must have trials
+0 … k−1, and no simulation may belong to another split; a partial run is biased toward short tasks. A simulation
+without a reward (crashed, timed out) counts as reward 0, as docs/TAU2_GRPO.md rule 4 says. A domain or split without
+a committed item-id file (τ²'s ``mock`` test domain, its ``base`` split) is checked against the task list τ² itself
+saved in the Results (``tasks[].id``) and has no published row.
+
 Success: |reward − 1| ≤ 1e-6. Metrics: Avg@k and pass^1..k (scripts/agent_metrics.py). The published rows
-(docs/BASELINES.md, Avg@4 in %, gpt-4o-mini user) are compared only when the run used that user model, 4 trials
-and commit c5b2d22; otherwise the table says why the numbers are not comparable.
+(docs/BASELINES.md, Avg@4 in %) are compared, with the difference printed, only when the run matches every setting
+of the evaluation protocol (``PROTOCOL``, docs/TAU2_GRPO.md "The evaluation protocol"): the tau2 commit (the
+Results' own, or where τ² recorded "unknown", the install's commit that the config records), the split, the trials,
+the step and error caps, the seed, τ²'s default agent and user simulator, the agent's and the user's temperature and
+other sampling arguments, the user model and its endpoint, the policy server's context, and a config with no
+recorded deviation. Otherwise the row prints the numbers without differences and every setting that differs is
+listed by name.
 """
 
 from __future__ import annotations
@@ -31,10 +39,34 @@ from scripts.agent_metrics import avg_at_k, pass_hat_k  # noqa: E402
 DOMAINS = ("airline", "retail", "telecom")
 SCORABLE = DOMAINS + ("mock",)  # mock: τ²'s own small test domain, for tests of the evaluation path
 PINNED_COMMIT = "c5b2d22"
-PUBLISHED_USER = "gpt-4o-mini"
+PUBLISHED_USER = "gpt-4o-mini-2024-07-18"
 PUBLISHED_AVG4 = {  # Avg@4 (%), gpt-4o-mini user: airline, retail, telecom
     "base": (8.8, 9.4, 8.1), "GRPO@25": (18.8, 10.0, 1.9), "RAGEN": (15.0, 17.5, 17.5), "InfoPO": (16.3, 18.8, 18.1),
 }
+# The evaluation protocol the published numbers were made with (docs/TAU2_GRPO.md): setting -> its value.
+PROTOCOL = {
+    "domain": "airline, retail or telecom",
+    "tau2 commit": PINNED_COMMIT,
+    "task split": "test",
+    "trials": 4,
+    "step cap": 200,
+    "error cap": 10,
+    "seed": 300,
+    "agent": "llm_agent (tau2's default agent)",
+    "agent temperature": 0.0,
+    "agent sampling arguments": "none but the temperature",
+    "user simulator": "user_simulator (tau2's default)",
+    "user model": PUBLISHED_USER,
+    "user temperature": 0.0,
+    "user sampling arguments": "none but the temperature",
+    "user endpoint": "the provider's own API (no api_base)",
+    "policy context": 32768,
+    "eval config": "scripts/tau2_align_eval.sh's <TAG>_eval_config.json beside the results",
+    "recorded deviations": "none",
+}
+# llm_args keys that say where a model is, not how it samples
+ENDPOINT_ARGS = ("api_base", "base_url", "api_key")
+UNKNOWN_COMMITS = ("", "unknown", "none")
 
 
 class IncompleteRun(ValueError):
@@ -89,20 +121,97 @@ def score_domain(results: dict, task_ids: list[str], trials: int, domain: str) -
             "tasks": len(task_ids)}
 
 
-def comparability(results: dict, trials: int) -> str:
-    """Empty when the run is comparable with the published table, else why not."""
-    info = results.get("info", {})
-    user = str((info.get("user_info") or {}).get("llm", ""))
-    reasons = []
-    if info.get("environment_info", {}).get("domain_name", "") not in DOMAINS + ("",):
-        reasons.append("no published number for this domain")
-    if PUBLISHED_USER not in user:
-        reasons.append(f"user model {user or '?'} is not {PUBLISHED_USER}")
-    if trials != 4:
-        reasons.append(f"{trials} trials, not 4")
-    if not str(info.get("git_commit", "")).startswith(PINNED_COMMIT):
-        reasons.append(f"tau2 commit {info.get('git_commit', '?')} is not {PINNED_COMMIT}")
-    return "; ".join(reasons)
+def _differs(name: str, got: object) -> str:
+    return f"{name}: {got} (published: {PROTOCOL[name]})"
+
+
+def _number(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _model_side(differences: list[str], role: str, side: dict, implementation: str) -> None:
+    """The agent's or the user's implementation, temperature and other sampling arguments, as τ² recorded them."""
+    if side.get("implementation") != implementation:
+        differences.append(_differs("agent" if role == "agent" else "user simulator", side.get("implementation")))
+    args = side.get("llm_args") or {}
+    temperature = _number(args.get("temperature"))
+    if temperature is None or temperature != PROTOCOL[f"{role} temperature"]:
+        differences.append(_differs(f"{role} temperature", args.get("temperature", "not set (the server's default)")))
+    extra = sorted(k for k in args if k != "temperature" and k not in ENDPOINT_ARGS)
+    if extra:
+        differences.append(_differs(f"{role} sampling arguments", ", ".join(f"{k}={args[k]!r}" for k in extra)))
+
+
+def _run_commit(info: dict, config: dict | None) -> tuple[str, str]:
+    """The tau2 commit of the run and where it was read: the Results' own, else the install's from the config (the
+    eval script reads it from scripts/tau2_commit.py, never assumes it)."""
+    commit = str(info.get("git_commit") or "").strip()
+    if commit.lower() not in UNKNOWN_COMMITS:
+        return commit, "the results"
+    if config and config.get("tau2_commit_source"):
+        recorded = str(config.get("tau2_commit") or "").strip()
+        if recorded.lower() not in UNKNOWN_COMMITS:
+            return recorded, f"the eval config ({config['tau2_commit_source']})"
+    return "unknown", ""
+
+
+def differences(domain: str, results: dict, config: dict | None, split: str, trials: int,
+                config_path: str = "") -> list[str]:
+    """Every setting of ``PROTOCOL`` in which the run differs from the published evaluation, each as
+    "<setting>: <the run's value> (published: <value>)"; empty when the run is comparable with the published table."""
+    info = results.get("info") or {}
+    out: list[str] = []
+    if domain not in DOMAINS:
+        out.append(_differs("domain", f"{domain} (no published number)"))
+    commit, source = _run_commit(info, config)
+    if not commit.lower().startswith(PINNED_COMMIT):
+        how = f", read from {source}" if source else (": τ² ran outside a git checkout and the install records no "
+                                                      "commit (TAU2_COMMIT=c5b2d22 bash scripts/setup_env.sh tau2)")
+        out.append(_differs("tau2 commit", f"{commit}{how}"))
+    if split != PROTOCOL["task split"] or (config and config.get("task_split", split) != PROTOCOL["task split"]):
+        out.append(_differs("task split", split if split != PROTOCOL["task split"] else config.get("task_split")))
+    declared = [v for v in (info.get("num_trials"), (config or {}).get("num_trials")) if v is not None]
+    if trials != PROTOCOL["trials"] or any(_number(v) != PROTOCOL["trials"] for v in declared):
+        out.append(_differs("trials", ", ".join(str(v) for v in dict.fromkeys([trials, *declared]))))
+    for name, key in (("step cap", "max_steps"), ("error cap", "max_errors"), ("seed", "seed")):
+        values = [info.get(key)] + ([config[key]] if config and isinstance(config.get(key), int) else [])
+        if any(_number(v) != PROTOCOL[name] for v in values):
+            out.append(_differs(name, ", ".join(str(v) for v in dict.fromkeys(values))))
+    _model_side(out, "agent", info.get("agent_info") or {}, "llm_agent")
+    user = info.get("user_info") or {}
+    _model_side(out, "user", user, "user_simulator")
+    model = str(user.get("llm") or "?")
+    if model.removeprefix("openai/") != PUBLISHED_USER:
+        out.append(_differs("user model", model))
+    endpoint = (user.get("llm_args") or {}).get("api_base") or (user.get("llm_args") or {}).get("base_url")
+    if endpoint:
+        out.append(_differs("user endpoint", endpoint))
+    if config is None:
+        out.append(_differs("eval config", f"none at {config_path or '<TAG>_eval_config.json'} (the policy "
+                                           "server's context and the run's deviations are unknown)"))
+    else:
+        context = (config.get("policy") or {}).get("max_model_len")
+        if _number(context) != PROTOCOL["policy context"]:
+            out.append(_differs("policy context", context))
+        for deviation in config.get("deviations") or []:
+            out.append(_differs("recorded deviations", deviation))
+    return out
+
+
+def read_config(results_dir: str, tag: str) -> tuple[dict | None, str]:
+    """The eval script's config beside the results, or None where there is none (a run made by hand)."""
+    path = os.path.join(results_dir, f"{tag}_eval_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        return None, path
+    except ValueError as e:
+        raise IncompleteRun(f"{path} is not JSON ({e}): the run's settings cannot be read") from None
+    return (config if isinstance(config, dict) else None), path
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -115,6 +224,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", help="write the scores as JSON")
     args = p.parse_args(argv)
     scores, problems = {}, []
+    try:
+        config, config_path = read_config(args.results_dir, args.tag)
+    except IncompleteRun as e:
+        config, config_path = None, ""
+        problems.append(str(e))
     for domain in args.domains:
         try:
             path = results_file(args.results_dir, args.tag, domain)
@@ -127,27 +241,33 @@ def main(argv: list[str] | None = None) -> dict:
         except IncompleteRun as e:
             problems.append(str(e))
             continue
-        score["not_comparable"] = comparability(results, args.trials)
+        score["differences"] = differences(domain, results, config, args.split, args.trials, config_path)
+        score["not_comparable"] = "; ".join(score["differences"])
         scores[domain] = score
     if problems:
         print("tau2_align_score: refusing to score:\n  " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(2)
     k = args.trials
-    print(f"τ²-bench {args.split}, tag {args.tag}: Avg@{k} (%) and pass^k")
+    print(f"τ²-bench {args.split}, tag {args.tag}: Avg@{k} (%) and pass^k; published rows: Avg@4, "
+          f"{PUBLISHED_USER} user (the difference is shown only where every protocol setting matches)")
     print(f"{'domain':10}{'ours':>8}" + "".join(f"{name:>15}" for name in PUBLISHED_AVG4) + "  " +
           " ".join(f"pass^{j}" for j in range(1, k + 1)))
     for domain, score in scores.items():
         ours = 100 * score[f"avg@{k}"]
-        if score["not_comparable"] or domain not in DOMAINS:
+        if domain not in DOMAINS:
             published = "".join(f"{'n/a':>15}" for _ in PUBLISHED_AVG4)
         else:
             column = DOMAINS.index(domain)
-            published = "".join(f"{row[column]:.1f} ({ours - row[column]:+.1f})".rjust(15)
+            published = "".join((f"{row[column]:.1f}" if score["differences"] else
+                                 f"{row[column]:.1f} ({ours - row[column]:+.1f})").rjust(15)
                                 for row in PUBLISHED_AVG4.values())
         passes = " ".join(f"{score[f'pass^{j}']:6.3f}" for j in range(1, k + 1))
         print(f"{domain:10}{ours:8.1f}{published}  {passes}")
-        if score["not_comparable"]:
-            print(f"  {domain}: not comparable with the published table: {score['not_comparable']}")
+    for domain, score in scores.items():
+        if score["differences"]:
+            print(f"{domain}: not comparable with the published table; the settings that differ:")
+            for line in score["differences"]:
+                print(f"  - {line}")
     report = {"tag": args.tag, "split": args.split, "trials": k, "scores": scores,
               "published_avg4": {name: dict(zip(DOMAINS, row)) for name, row in PUBLISHED_AVG4.items()}}
     if args.out:

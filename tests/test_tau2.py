@@ -13,6 +13,7 @@ key handling) fast to pin. Everything else is real: the server's HTTP layer and 
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.util
 import json
 import logging
@@ -119,6 +120,76 @@ def test_reward_shapes():
     assert shape_reward(0.25, {}, "dense") == 0.25
     with pytest.raises(ValueError, match="binary' or 'dense"):
         Tau2Server(FakeTau2Task, reward_shape="sparse")
+
+
+# ---- the agent func's own rules (agent_funcs/tau2.py, imported by module name as scripts/mutation_test.sh needs) --
+def bare_agent(tokenizer=None):
+    """A Tau2Agent without an episode (its rules need none): ``first_prompt`` reads only the tokenizer."""
+    import types
+
+    from agent_funcs.tau2 import Tau2Agent
+
+    agent = object.__new__(Tau2Agent)
+    agent.episode = types.SimpleNamespace(tokenizer=tokenizer)
+    return agent
+
+
+def test_agent_func_actions_successes_and_invalid_observations():
+    from agent_funcs.tau2 import TOOL_FORMAT, Tau2Agent, is_success
+
+    assert (Tau2Agent.env, Tau2Agent.default_max_turns, Tau2Agent.forecast_layouts) == ("tau2", 30, ("turns",))
+    assert Tau2Agent.instruction.startswith("You are a customer service agent.") and TOOL_FORMAT in Tau2Agent.instruction
+    assert Tau2Agent.parse_action("  Hello there \n") == "Hello there" and Tau2Agent.parse_action(" \n ") is None
+    two = "Let me look.\n" + call_tool("a", x="1") + "\nand\n" + call_tool("b") + "\nDone."
+    assert Tau2Agent.realized_action(two) == two[two.index("<tool_call>"):two.rindex("</tool_call>") + 12]
+    assert Tau2Agent.realized_action(call_tool("a") + " ok") == call_tool("a")  # a reply that opens with the call
+    assert Tau2Agent.realized_action("  Your order is cancelled.  ") == "Your order is cancelled."
+    assert Tau2Agent.realized_action("</tool_call> then <tool_call>") == "</tool_call> then <tool_call>"
+    invalid = ["Error: no such order", "  error: bad", "user: Tool call error: <tool_call> number 1 has no JSON body",
+               "<tool_response>\nError: unknown tool\n</tool_response>", "<tool_response> ERROR x</tool_response>"]
+    valid = ["<tool_response>\n{\"status\": \"pending\"}\n</tool_response>", "Is it done?", "No errors here.",
+             "<tool_response>\n\"an error happened earlier\"</tool_response>"]
+    assert [Tau2Agent.is_invalid(o) for o in invalid] == [True] * len(invalid)
+    assert [Tau2Agent.is_invalid(o) for o in valid] == [False] * len(valid)
+    assert is_success(1.0) and is_success(1.0 - 9e-7) and is_success(1.0 + 9e-7) and not is_success(1.0 - 1.1e-6)
+    agent = bare_agent()
+    assert agent.success(1.0, True) and not agent.success(1.0, False) and not agent.success(0.5, True)
+
+
+def test_agent_func_first_messages_for_each_agent_prompt():
+    agent = bare_agent()
+    own = agent.first_messages("Hi, cancel #W1.", {"policy": "Be nice."})
+    assert own == [{"role": "system", "content": f"{agent.instruction}\n\n# Policy\nBe nice."},
+                   {"role": "user", "content": "Hi, cancel #W1."}]
+    tau2 = agent.first_messages("Hi.", {"system_prompt": "TAU2 PROMPT", "greeting": "Hi! How can I help you today?",
+                                        "policy": "ignored"})
+    assert tau2 == [{"role": "system", "content": "TAU2 PROMPT"},
+                    {"role": "assistant", "content": "Hi! How can I help you today?"}, {"role": "user", "content": "Hi."}]
+    assert agent.first_messages("Hi.", {"system_prompt": "P"}) == [{"role": "system", "content": "P"},
+                                                                   {"role": "user", "content": "Hi."}]
+    assert agent.first_messages("Hi.", {})[0]["content"].endswith("\n\n# Policy\n")  # no policy: nothing after it
+
+
+def test_agent_func_first_prompt_gives_the_tools_to_the_template_or_lists_them():
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer())  # its own template ignores tools=: the func lists them itself
+    tools = FakeTau2Task.tools
+    listed = bare_agent(tok).first_prompt("Hi.", {"policy": "P", "tools": tools})
+    assert "\n\n# Tools\n" + "\n".join(json.dumps(t) for t in tools) in listed
+    assert listed.startswith(f"<|im_start|>system\n{bare_agent().instruction}\n\n# Policy\nP\n\n# Tools\n")
+    assert listed.endswith("<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\n")
+    bare = [{"name": "lookup", "parameters": {}}]  # a tool not wrapped in {"function": ...}: listed all the same
+    assert '{"name": "lookup"' in bare_agent(tok).first_prompt("Hi.", {"tools": bare})
+    nameless = [{"type": "function", "function": {"parameters": {}}}]  # no name to look for: nothing to add
+    assert "# Tools" not in bare_agent(tok).first_prompt("Hi.", {"tools": nameless})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if tools %}TOOLS:{% for t in tools %}{{ t['function']['name'] }};{% endfor %}"
+                         "{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    native = bare_agent(tok).first_prompt("Hi.", {"policy": "P", "tools": tools})
+    assert "TOOLS:get_order;cancel_order;done;" in native and "# Tools" not in native  # the template's own section
+    assert native.endswith("TOOLS:get_order;cancel_order;done;<|im_start|>assistant\n")
+    assert "# Tools" not in bare_agent(tok).first_prompt("Hi.", {"policy": "P"})
 
 
 # ---- the agent func through the gateway ----------------------------------------------------------------------
@@ -262,6 +333,18 @@ def test_key_files_others_can_read_or_with_two_lines_or_linked_from_elsewhere_ar
     assert read_key(key_file(secrets, "\n  sk-ok  \n\n")) == "sk-ok"
 
 
+def test_a_user_model_on_this_machine_needs_no_key_file_and_a_remote_one_does(tmp_path):
+    from env_gateway.servers.tau2 import PLACEHOLDER_KEY, user_key
+
+    absent = str(tmp_path / "no-key-file")
+    for url in ("http://127.0.0.1:8000/v1", "http://localhost:8000/v1", "http://[::1]:8000/v1", "http://127.1.2.3/v1"):
+        assert user_key(absent, url) == PLACEHOLDER_KEY, url  # was: SystemExit, "no file ..."
+    for url in ("https://api.openai.com/v1", "http://10.0.0.5:8000/v1", "http://localhost.example.com/v1"):
+        with pytest.raises(SystemExit, match="API key file: no file"):
+            user_key(absent, url)
+    assert user_key(key_file(tmp_path, "sk-from-the-file\n"), "http://127.0.0.1:8000/v1") == "sk-from-the-file"
+
+
 def test_loose_ids_are_refused_and_untouched_instances_are_closed():
     async def main():
         server = Tau2Server(FakeTau2Task, instance_ttl=0.5)
@@ -283,14 +366,23 @@ def test_loose_ids_are_refused_and_untouched_instances_are_closed():
     asyncio.run(main())
 
 
-def test_an_exception_that_quotes_the_key_reaches_no_answer_and_no_log(tmp_path, caplog, clean_env):
-    """A stand-in user-simulator library whose error message holds its call's arguments (litellm's do): the key
-    was in the server's 500, its log, and the gateway's 502."""
+def test_a_failure_answers_a_stable_code_and_a_short_reason_and_its_cause_goes_only_to_the_log(tmp_path, caplog,
+                                                                                                clean_env):
+    """A stand-in user-simulator library whose error quotes its call's arguments and a file path (litellm's do):
+    the server's 500 and the gateway's 502 carry no exception text at all (it was the server's 500 detail, with the
+    key replaced only where it appeared verbatim), only a stable code and a short reason; the log has the cause, with
+    the key removed however it is written: verbatim, upper-cased, hex-encoded, split over lines, or an
+    OPENAI_API_KEY in the environment that no key file registered."""
     key = read_key(key_file(tmp_path, "sk-stand-in-key-0987654321\n"))
+    env_key = "sk-env-only-key-1122334455"
+    clean_env.setenv("OPENAI_API_KEY", env_key)
+    path = "/home/someone/.venvs/tau2/lib/python3.11/site-packages/litellm/main.py"
+    forms = [key, key.upper(), key.encode().hex(), key.encode().hex().upper(), key[:9] + "\n    " + key[9:], env_key]
 
     class LeakyTask(FakeTau2Task):
         def to_user(self, text: str) -> tuple[str, bool]:
-            raise RuntimeError(f"AuthenticationError: call(model='openai/user', api_key='{key}') was refused")
+            raise RuntimeError(f"AuthenticationError at {path}: call(model='openai/user', api_key=...) was refused; "
+                               f"tried {' / '.join(forms)}")
 
     async def main():
         async with serve_app(Tau2Server(LeakyTask).app()) as backend, \
@@ -300,7 +392,7 @@ def test_an_exception_that_quotes_the_key_reaches_no_answer_and_no_log(tmp_path,
             async with http.post(f"{backend}/reset", json={"env_idx": idx, "session_id": "retail/7"}) as r:
                 assert r.status == 200
             async with http.post(f"{backend}/step", json={"env_idx": idx, "action": "hello"}) as r:
-                direct = (r.status, await r.text())
+                direct = (r.status, await r.json())
             async with http.post(f"{gateway}/v1/sessions", json={"env": "tau2", "item_id": "retail/7"}) as r:
                 sid = (await r.json())["session_id"]
             async with http.post(f"{gateway}/v1/sessions/{sid}/step", json={"action": "hello"}) as r:
@@ -309,10 +401,27 @@ def test_an_exception_that_quotes_the_key_reaches_no_answer_and_no_log(tmp_path,
 
     with caplog.at_level(logging.INFO):
         direct, through = asyncio.run(main())
-    assert direct[0] == 500 and "AuthenticationError" in direct[1] and "[redacted]" in direct[1]
-    assert through[0] == 502 and "[redacted]" in through[1]
-    assert "Traceback" in caplog.text and "[redacted]" in caplog.text
-    assert key not in direct[1] + through[1] + caplog.text
+    status, body = direct
+    assert status == 500 and body["error"] == "user_simulator_failed", body
+    assert "log" in body["detail"] and "AuthenticationError" not in body["detail"] and "/" not in body["detail"]
+    assert through[0] == 502 and "AuthenticationError" not in through[1] and path not in through[1]
+    logged = caplog.text
+    assert "Traceback" in logged and "AuthenticationError" in logged and path in logged  # the cause, in the log
+    for form in forms:
+        assert form not in logged and form not in json.dumps(body) + through[1], form
+    assert logged.count("[redacted]") >= len(forms)
+
+
+def test_the_scrubber_takes_every_written_form_of_a_secret(monkeypatch):
+    from env_gateway.servers.tau2 import scrub
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-abcdefgh12345678")
+    monkeypatch.setenv("SOME_SETTING", "not-a-secret-value-1234")
+    key = "sk-abcdefgh12345678"
+    for text in (key, key.upper(), key.encode().hex(), key.encode().hex().upper(), "sk-abcd\nefgh12345678",
+                 "sk-abcd\\nefgh12345678", base64.b64encode(key.encode()).decode()):
+        assert "[redacted]" in scrub(f"before {text} after") and "abcdefgh" not in scrub(text).lower(), text
+    assert scrub("not-a-secret-value-1234 EMPTY") == "not-a-secret-value-1234 EMPTY"
 
 
 # ---- the real server process: key handling, and the missing package ------------------------------------------
@@ -342,6 +451,7 @@ def test_server_reads_its_key_from_a_file_and_never_shows_it(tmp_path):
         assert importlib.util.find_spec("tau2") is None  # this venv is the trainer's: tau2 lives in .venvs/tau2
         # the real failure mode where the package is absent: what to run
         assert status == 500 and "scripts/setup_env.sh tau2" in body["detail"] and "c5b2d22" in body["detail"], body
+        assert body["error"] == "tau2_not_installed" and ROOT not in body["detail"] and "/work" not in body["detail"]
     finally:
         stop_process(proc)
     out = log.read_text(errors="replace")
@@ -378,6 +488,16 @@ def test_make_tau2_itemid_writes_the_committed_files(tmp_path):
             assert new.read() == committed.read()
     with pytest.raises(SystemExit, match="no split 'nope'"):
         module.main(["--tau2-data", SHARED_TAU2, "--split", "nope", "--out", str(tmp_path)])
+
+
+def test_make_tau2_itemid_with_no_source_and_no_tau2_anywhere_says_what_to_do(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("make_tau2_itemid", os.path.join(ROOT, "scripts",
+                                                                                  "make_tau2_itemid.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "TAU2_VENV_PYTHON", str(tmp_path / "no-venv" / "python"))
+    with pytest.raises(SystemExit, match="no .venvs/tau2.*--tau2-data"):  # was: argparse's "one of ... is required"
+        module.main(["--domains", "retail", "--split", "train", "--out", str(tmp_path)])
 
 
 def test_setup_env_without_a_tau2_bench_checkout_says_what_to_set_and_builds_nothing(tmp_path):

@@ -126,6 +126,21 @@ def clean_env(**extra: str) -> dict:
     return env
 
 
+def stated_venv(tmp_path, commit: str | None = "c5b2d22") -> str:
+    """A tau2 venv as `TAU2_COMMIT=<commit> bash scripts/setup_env.sh tau2` leaves it: .venvs/tau2's interpreter and
+    packages (linked), and the commit stated at install recorded beside them (scripts/tau2_commit.py); none when
+    ``commit`` is None."""
+    venv = tmp_path / "tau2-venv"
+    venv.mkdir(parents=True, exist_ok=True)
+    real = os.path.dirname(os.path.dirname(TAU2_PYTHON))
+    for name in ("bin", "lib", "pyvenv.cfg"):
+        if not (venv / name).is_symlink():
+            (venv / name).symlink_to(os.path.join(real, name))
+    if commit is not None:
+        (venv / "tau2-commit.json").write_text(json.dumps({"commit": commit, "source": "stated at install (test)"}))
+    return str(venv)
+
+
 def run_script(script: str, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
@@ -153,7 +168,7 @@ def eval_env(models: StandInModels, tau2_data: str, tmp_path, **extra: str) -> d
                     USER_LLM="openai/stand-in-user", USER_KEY_FILE=str(key_file), DOMAINS="mock",
                     TASK_SPLIT="base", TASK_IDS=" ".join(MOCK_TASKS), NUM_TRIALS="1",
                     RESULTS_DIR=str(tmp_path / "results"), TAU2_DATA_DIR=tau2_data, TAU2_BENCH_DIR=TAU2_BENCH,
-                    PYTHON=sys.executable)
+                    PYTHON=sys.executable, TAU2_VENV=stated_venv(tmp_path))
     return clean_env(**{**settings, **extra})
 
 
@@ -190,7 +205,9 @@ def test_tau2_run_end_to_end_then_the_scorer_and_a_rerun_that_does_not_block(mod
     # the config beside the results
     with open(results / "mock-t_eval_config.json") as f:
         config = json.load(f)
-    assert config["tau2_commit"] == "c5b2d22" and config["num_trials"] == 1 and config["task_split"] == "base"
+    # tau2 ran outside a git checkout ("unknown"): the config records the install's commit, stated at install
+    assert config["tau2_commit"] == "c5b2d22" and "stated at install" in config["tau2_commit_source"]
+    assert config["num_trials"] == 1 and config["task_split"] == "base"
     assert config["max_steps"] == 200 and config["user"]["llm"] == "openai/stand-in-user"
     assert config["policy"]["agent_llm_args"]["temperature"] == 0.0 and config["policy"]["max_model_len"] == 32768
     assert any("user model" in d for d in config["deviations"]) and any("trials" in d for d in config["deviations"])
@@ -221,6 +238,27 @@ def test_tau2_run_end_to_end_then_the_scorer_and_a_rerun_that_does_not_block(mod
     # ... and ON_EXISTING=fail stops with the reason, before tau2 runs
     failed = run_script("scripts/tau2_align_eval.sh", {**env, "ON_EXISTING": "fail"}, timeout=60)
     assert failed.returncode == 2 and "mock-t_mock.json exists" in failed.stderr
+
+
+@NEEDS_CHECKOUT
+@NEEDS_VENV
+@pytest.mark.timeout(240)
+def test_tau2_run_reads_telecoms_small_task_file_in_place(models, tmp_path):
+    """TELECOM_TASKS=small on the checkout's own data folder, which has no telecom/tasks.json: the real `tau2 run`
+    loads the task from tasks_small.json (through the script's folder of links) and runs it; the data folder gets no
+    new file. The stand-in policy only chats, so the step cap (4) ends it with reward 0."""
+    data = os.path.join(TAU2_BENCH, "data")
+    telecom = os.path.join(data, "tau2", "domains", "telecom")
+    before = sorted(os.listdir(telecom))
+    task = "[service_issue]airplane_mode_on[PERSONA:None]"
+    env = eval_env(models, data, tmp_path, DOMAINS="telecom", TELECOM_TASKS="small", TASK_SPLIT="small",
+                   TASK_IDS=task, MAX_STEPS="4")
+    done = run_script("scripts/tau2_align_eval.sh", env, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(tmp_path / "results" / "mock-t_telecom.json") as f:
+        sims = json.load(f)["simulations"]
+    assert [(s["task_id"], s["termination_reason"]) for s in sims] == [(task, "max_steps")]
+    assert sorted(os.listdir(telecom)) == before and "tasks.json" not in before
 
 
 @NEEDS_CHECKOUT
@@ -509,8 +547,9 @@ def tau2_run_lines(out: str) -> list[list[str]]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("script", ["scripts/tau2_align_eval.sh", "scripts/sbatch_tau2_align.sh"])
 def test_eval_dry_run_carries_the_published_protocol(script, tmp_path):
+    venv = stated_venv(tmp_path)
     env = clean_env(DRY_RUN="1", TAG="mine", TAU2_VERSION="infopo", MODEL_PATH="runs/x/model",
-                    RESULTS_DIR=str(tmp_path / "r"))
+                    RESULTS_DIR=str(tmp_path / "r"), TAU2_VENV=venv)
     done = run_script(script, env, timeout=60)
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -523,7 +562,7 @@ def test_eval_dry_run_carries_the_published_protocol(script, tmp_path):
     runs = tau2_run_lines(out)
     assert [w[w.index("--domain") + 1] for w in runs] == ["airline", "retail", "telecom"]
     for words in runs:
-        assert words[0].endswith(".venvs/tau2/bin/tau2") and words[1] == "run"
+        assert words[0] == os.path.join(venv, "bin", "tau2") and words[1] == "run"
 
         def get(flag: str, words: list[str] = words) -> str:
             return words[words.index(flag) + 1]
@@ -562,6 +601,105 @@ def test_eval_dry_run_names_deviations(tmp_path):
     assert done.stdout.count("--served-model-name ") == 2  # the policy and the local user model
 
 
+def test_eval_dry_run_records_the_installs_commit_or_names_it_unknown(tmp_path):
+    """tau2 run records "unknown" outside a git checkout: the config carries the install's commit (stated once at
+    install, recorded beside the venv), and an install that records none is a deviation that says how to state it."""
+    def config_of(out: str) -> dict:
+        return json.loads(out[out.index("config ("):].split("\n", 1)[1].split("\n}\n", 1)[0] + "\n}")
+
+    base = dict(DRY_RUN="1", TAG="mine", MODEL_PATH="m", RESULTS_DIR=str(tmp_path / "r"),
+                TAU2_BENCH_DIR=str(tmp_path / "no-checkout"))
+    stated = run_script("scripts/tau2_align_eval.sh", clean_env(**base, TAU2_VENV=stated_venv(tmp_path / "a")))
+    assert stated.returncode == 0, stated.stderr
+    assert "deviation from" not in stated.stdout
+    config = config_of(stated.stdout)
+    assert config["tau2_commit"] == "c5b2d22" and "tau2-commit.json" in config["tau2_commit_source"]
+    unknown = run_script("scripts/tau2_align_eval.sh", clean_env(**base, TAU2_VENV=stated_venv(tmp_path / "b", None)))
+    assert unknown.returncode == 0, unknown.stderr
+    assert "deviation from the published protocol: tau2 commit unknown" in unknown.stdout
+    assert "TAU2_COMMIT=c5b2d22 bash scripts/setup_env.sh tau2" in unknown.stdout
+    assert config_of(unknown.stdout)["tau2_commit"] == "unknown"
+
+
+STUB_TAU2 = """#!/usr/bin/env bash
+# STAND-IN for tau2's CLI: records the domain, the key it was given and what tasks.json of its data folder is
+domain=""; prev=""; for a in "$@"; do [ "$prev" = --domain ] && domain="$a"; prev="$a"; done
+tasks="$TAU2_DATA_DIR/tau2/domains/telecom/tasks.json"
+printf '%s\t%s\t%s\t%s\n' "$domain" "$OPENAI_API_KEY" "$TAU2_DATA_DIR" "$(readlink -f "$tasks" || true)" >> {record}
+"""
+
+
+def stub_tau2(tmp_path) -> tuple[dict, object]:
+    """A tau2 venv whose ``tau2`` is ``STUB_TAU2`` (nothing of tau2 runs), a data folder with telecom's small task
+    file and no tasks.json (as the shared copy), and the settings that run the eval script on them."""
+    venv, record = tmp_path / "stub-venv", tmp_path / "tau2-calls.tsv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "bin" / "tau2").write_text(STUB_TAU2.format(record=record))
+    (venv / "bin" / "tau2").chmod(0o755)
+    (venv / "tau2-commit.json").write_text(json.dumps({"commit": "c5b2d22", "source": "stated at install (test)"}))
+    telecom = tmp_path / "data" / "tau2" / "domains" / "telecom"
+    telecom.mkdir(parents=True)
+    (tmp_path / "data" / "tau2" / "domains" / "retail").mkdir()
+    (telecom / "tasks_small.json").write_text(json.dumps([{"id": "s1"}, {"id": "s2"}]))
+    (telecom / "split_tasks.json").write_text(json.dumps({"small": ["s1", "s2"], "test": ["t1"], "train": ["t2"]}))
+    (telecom / "main_policy.md").write_text("policy\n")
+    env = dict(TAG="t", POLICY_BASE_URL="http://127.0.0.1:9/v1", TAU2_VENV=str(venv), RESULTS_DIR=str(tmp_path / "r"),
+               TAU2_DATA_DIR=str(tmp_path / "data"), TAU2_BENCH_DIR=str(tmp_path / "no-checkout"),
+               USER_KEY_FILE=str(tmp_path / "no-key-file"), PYTHON=sys.executable)
+    return env, record
+
+
+def calls(record) -> list[list[str]]:
+    return [line.split("\t") for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def test_eval_telecom_tasks_small_is_read_in_place_for_the_telecom_run_only(tmp_path):
+    env, record = stub_tau2(tmp_path)
+    done = run_script("scripts/tau2_align_eval.sh", clean_env(**env, DOMAINS="retail telecom", TELECOM_TASKS="small",
+                                                              TASK_SPLIT="small",
+                                                              USER_BASE_URL="http://127.0.0.1:9/v1"))
+    assert "deviation from the published protocol: telecom task file tasks_small.json" in done.stdout
+    runs = {row[0]: row for row in calls(record)}
+    assert set(runs) == {"retail", "telecom"}, done.stdout + done.stderr
+    assert runs["retail"][2] == str(tmp_path / "data")  # the data folder itself
+    telecom_dir = tmp_path / "data" / "tau2" / "domains" / "telecom"
+    assert runs["telecom"][2] != str(tmp_path / "data") and runs["telecom"][3] == str(telecom_dir / "tasks_small.json")
+    assert sorted(os.listdir(telecom_dir)) == ["main_policy.md", "split_tasks.json", "tasks_small.json"]  # no copy
+    with open(tmp_path / "r" / "t_eval_config.json") as f:
+        assert json.load(f)["telecom_tasks"] == "tasks_small.json"
+    # the test split has no task in tasks_small.json: refused before tau2 runs, with the split it holds
+    record.unlink()
+    wrong = run_script("scripts/tau2_align_eval.sh", clean_env(**env, DOMAINS="telecom", TELECOM_TASKS="small",
+                                                               USER_BASE_URL="http://127.0.0.1:9/v1"))
+    assert wrong.returncode == 2 and "holds none of the tasks of telecom's test split" in wrong.stderr
+    assert "TASK_SPLIT=small" in wrong.stderr and not calls(record)
+    bad = run_script("scripts/tau2_align_eval.sh", clean_env(**env, TELECOM_TASKS="tiny"))
+    assert bad.returncode == 2 and "TELECOM_TASKS=tiny" in bad.stderr
+
+
+def test_eval_a_user_model_on_this_machine_needs_no_key_file_and_a_remote_one_does(tmp_path):
+    env, record = stub_tau2(tmp_path)
+    for url in ("http://127.0.0.1:8001/v1", "http://localhost:8001/v1", "http://[::1]:8001/v1"):
+        done = run_script("scripts/tau2_align_eval.sh", clean_env(**env, DOMAINS="retail", USER_BASE_URL=url))
+        assert "no user-model key" not in done.stderr, done.stderr
+    assert [row[:2] for row in calls(record)] == [["retail", "EMPTY"]] * 3  # the placeholder, no file needed
+    remote = run_script("scripts/tau2_align_eval.sh", clean_env(**env, DOMAINS="retail",
+                                                                USER_BASE_URL="http://user.example.invalid/v1"))
+    assert remote.returncode == 2 and "no user-model key at" in remote.stderr and len(calls(record)) == 3
+
+
+def test_eval_a_local_user_model_without_vllm_says_what_to_set_for_the_user_model(tmp_path):
+    env, record = stub_tau2(tmp_path)
+    done = run_script("scripts/tau2_align_eval.sh", clean_env(**env, USER_MODEL_PATH="runs/user-ckpt",
+                                                              VLLM=str(tmp_path / "no-vllm")))
+    assert done.returncode == 2 and "to serve the user model USER_MODEL_PATH=runs/user-ckpt" in done.stderr
+    assert "USER_BASE_URL" in done.stderr and "POLICY_BASE_URL" not in done.stderr, done.stderr
+    policy = run_script("scripts/tau2_align_eval.sh", clean_env(**{**env, "POLICY_BASE_URL": ""}, MODEL_PATH="m",
+                                                                VLLM=str(tmp_path / "no-vllm")))
+    assert policy.returncode == 2 and "POLICY_BASE_URL" in policy.stderr and not calls(record)
+
+
 @pytest.mark.parametrize("env,says", [
     ({"TAG": "t"}, "set MODEL_PATH"),
     ({"TAG": "t", "MODEL_PATH": "m", "TAU2_VERSION": "latest"}, "TAU2_VERSION=latest: known versions: infopo"),
@@ -589,7 +727,7 @@ def trainer_args(out: str) -> tuple[dict, list[str]]:
 
 @pytest.fixture(scope="module")
 def parser():
-    from cope_rlhf.cli.train_ppo_ray import build_parser
+    from cope_rlhf.cli.args import build_parser
 
     return build_parser()
 

@@ -4,18 +4,21 @@ commit c5b2d22, installed in .venvs/tau2 by ``bash scripts/setup_env.sh tau2`` f
 τ²'s ``UserSimulator`` plays the customer through litellm, and τ²'s ``evaluate_simulation`` gives the reward.
 
 The one part that is not real is the user model behind litellm: ``StandInUser``, a scripted stand-in for an
-OpenAI-compatible chat-completions server (no model runs here). It is enough for these checks, because the reward of
-the mock and retail tasks is decided by the DB state, the actions taken and the information the agent gave, not by
-what the user says. The shared checkout lacks tau2's user-simulator guidelines (data/tau2/user_simulator/*.md, the
-prose of the user model's system prompt): where they are absent, ``tau2_data`` puts one-line stand-ins there, in a
-copy of the data folder the server gets as TAU2_DATA_DIR (a full checkout's own files are used as they are).
+OpenAI-compatible chat-completions server (no model runs here; ``ActingUser`` also calls the telecom user's own
+tools when asked). It is enough for these checks, because the reward of the mock, retail and telecom tasks is decided
+by the DB and device state, the actions taken and the information the agent gave, not by what the user says. The
+user simulator's prompt is tau2's own (data/tau2/user_simulator/simulation_guidelines*.md of the checkout; where an
+older copy lacks them, ``tau2_data`` puts one-line stand-ins in a copy of the data folder).
 
 Checks: (1) replaying each task's gold actions (``evaluation_criteria.actions``), then telling the user its
 ``communicate_info``, through the gateway and the agent func under OpenRLHF's ``MultiTurnAgentExecutor``, earns
 reward 1 from τ²'s evaluator (every mock task the server accepts and every retail task);
 (2) a wrong action earns less; (3) bare ``<tool_call>`` tags get the server's "no JSON body" observation, and the
 error cap and the step cap end the episode; (4) data/tau2_*.jsonl equal what scripts/make_tau2_itemid.py writes from
-the package's own task loader; and the user model's key reaches the user model, never the server's log.
+the package's own task loader; the user model's key reaches the user model, never the server's log or answers;
+(5) every telecom task of tasks_small.json, read in place (``--telecom-tasks small``), earns 1 when both sides replay
+their gold actions, the user's through τ²'s UserSimulator and its own tools; (6) with no key file and a loopback
+user model, a whole conversation runs with τ²'s real user-simulator prompt and is scored by τ²'s evaluator.
 
 Skips, with the reason, only where the tau2-bench checkout or .venvs/tau2 is absent.
 """
@@ -32,10 +35,10 @@ from typing import Iterator
 import pytest
 from aiohttp import web
 
-from env_gateway.servers.process import log_text
+from env_gateway.process import log_text
 from tests.agent_funcs_stack import AGENT_ENV_VARS, ScriptedEngine, inprocess_gateway, run_episode
 from tests.env_server_proc import ROOT, EnvServerProcess
-from tests.tau2_checkout import DOMAINS_DIR, NEEDS_CHECKOUT, NEEDS_VENV, TAU2_PYTHON, data_copy
+from tests.tau2_checkout import DOMAINS_DIR, NEEDS_CHECKOUT, NEEDS_VENV, TAU2_BENCH, TAU2_PYTHON, data_copy
 from tests.threaded_app import ThreadedApp
 from tests.tiny_hf import tiny_tokenizer
 
@@ -338,7 +341,8 @@ def test_the_key_reaches_the_user_model_and_never_the_log(server, user, agent_en
     finally:
         server.call("POST", "/close", {"env_idx": idx})
     status, body = answers[0]
-    assert status == 500 and "[redacted]" in body["detail"] and KEY not in body["detail"], body
+    assert status == 500 and body["error"] == "user_simulator_failed", body  # a code and a reason: no exception text
+    assert KEY not in body["detail"] and "Incorrect API key" not in body["detail"], body
     assert user.requests[-1]["authorization"] == f"Bearer {KEY}"
     output = full_log(server)
     assert "Incorrect API key provided: Bearer [redacted]" in output and KEY not in output
@@ -357,3 +361,184 @@ def test_item_id_files_equal_what_the_package_task_loader_gives(tmp_path):
     for name in written:
         with open(tmp_path / name) as new, open(os.path.join(ROOT, "data", name)) as committed:
             assert new.read() == committed.read(), name
+
+
+def test_the_seeds_item_id_command_with_neither_source_uses_the_installed_package(tmp_path):
+    """`make_tau2_itemid.py --domains retail airline telecom --split train --out data/`, run by the trainer's
+    interpreter (no tau2 there), said "one of the arguments --tau2-data --from-package is required"; it now uses the
+    installed package (.venvs/tau2's) and writes the committed files."""
+    out = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "scripts/make_tau2_itemid.py", "--domains",
+                          "retail", "airline", "telecom", "--split", "train", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = sorted(os.listdir(tmp_path))
+    assert written == [f"tau2_{d}_train.jsonl" for d in ("airline", "retail", "telecom")]
+    for name in written:
+        with open(tmp_path / name) as new, open(os.path.join(ROOT, "data", name)) as committed:
+            assert new.read() == committed.read(), name
+
+
+# ---- telecom-small, the user's own tool calls, the real UserSimulator with no key -------------------------------
+PLEASE_RUN = "PLEASE_RUN"  # an agent message holding it asks the acting user to call the tool named in the JSON after
+
+
+class ActingUser(StandInUser):
+    """``StandInUser`` that also acts on its phone, as telecom's user does: when the agent's last message holds
+    ``PLEASE_RUN {"name": ..., "arguments": ...}``, it answers with that OpenAI-format tool call (τ²'s
+    ``UserSimulator`` runs it through the user's own tools); after the tool's result it says it did it. It records each
+    request's system prompt and the tool calls it made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.systems: list[str] = []
+        self.calls: list[str] = []
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        messages = body.get("messages") or []
+        self.systems.append(" ".join(m.get("content") or "" for m in messages if m.get("role") == "system"))
+        said = [m for m in messages if m.get("role") != "system"]
+        last = said[-1] if said else {}
+        if last.get("role") == "tool":
+            message = {"role": "assistant", "content": "I did it. What now?"}
+        elif PLEASE_RUN in (last.get("content") or ""):
+            call = json.loads(last["content"].split(PLEASE_RUN, 1)[1])
+            self.calls.append(call["name"])
+            message = {"role": "assistant", "content": None, "tool_calls": [{
+                "id": f"call_user_{len(self.calls)}", "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]}
+        else:
+            message = {"role": "assistant", "content": self.answer(messages)}
+        self.requests.append({"model": body.get("model"), "authorization": request.headers.get("Authorization")})
+        return web.json_response({
+            "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model"), "choices": [{"index": 0, "message": message,
+                                                    "finish_reason": "tool_calls" if message.get("tool_calls")
+                                                    else "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
+def gold_replies_both_sides(task: dict) -> list[str]:
+    """``gold_replies``, with each of the user's own gold actions (``requestor: user``) asked of the user in order."""
+    replies = []
+    for action in (task.get("evaluation_criteria") or {}).get("actions") or []:
+        if action.get("requestor", "assistant") == "user":
+            replies.append(f"Please do this on your phone: {PLEASE_RUN} "
+                           f"{json.dumps({'name': action['name'], 'arguments': action.get('arguments') or {}})}")
+        else:
+            replies.append(call_tool(action["name"], action.get("arguments") or {}))
+    return replies + gold_replies(task)[-1:]
+
+
+@pytest.fixture(scope="module")
+def acting_user() -> Iterator[ActingUser]:
+    with ActingUser() as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def keyless(acting_user, tmp_path_factory) -> Iterator[EnvServerProcess]:
+    """The server on the checkout's own data folder (no copy: telecom's tasks_small.json read in place), with no key
+    file, its user model on this machine (loopback)."""
+    absent = tmp_path_factory.mktemp("no-secrets") / "tau2_user_api_key"
+    server = EnvServerProcess("tau2", "--user-model", "openai/stand-in-user", "--user-base-url",
+                              f"{acting_user.url}/v1", "--user-key-file", str(absent), "--telecom-tasks", "small",
+                              "--user-timeout", "30", "--tau2-log-level", "INFO", python=TAU2_PYTHON,
+                              startup_timeout=120)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TAU2_DATA_DIR", os.path.join(TAU2_BENCH, "data"))
+        server.__enter__()
+    try:
+        yield server
+    finally:
+        server.__exit__(None, None, None)
+
+
+def test_telecom_small_gold_actions_of_both_sides_earn_reward_1_on_every_task(keyless, acting_user):
+    """Every telecom task of tasks_small.json (20), read in place with --telecom-tasks small: the agent's gold
+    actions as its tool calls, the user's gold actions (toggle_roaming, reboot_device, ...) asked of the user and run
+    by τ²'s UserSimulator through its own tools; τ²'s evaluator gives 1 to each. Skipping the user's action earns 0."""
+    small = tasks("telecom")
+    assert len(small) == 20 and not os.path.exists(os.path.join(DOMAINS_DIR, "telecom", "tasks.json"))
+    failed, user_actions = {}, 0
+    for task_id, task in small.items():
+        before = len(acting_user.calls)
+        last = direct(keyless, f"telecom/{task_id}", gold_replies_both_sides(task))[-1]
+        wanted = [a["name"] for a in task["evaluation_criteria"]["actions"] if a["requestor"] == "user"]
+        assert acting_user.calls[before:] == wanted, task_id
+        user_actions += len(wanted)
+        if not (last["done"] and last["reward"] == 1.0):
+            failed[task_id] = last.get("info")
+    assert not failed, failed
+    assert user_actions == 20  # every user-side gold action of the 20 tasks ran (1 or 2 per task, none in 4)
+    airplane = "[service_issue]airplane_mode_on[PERSONA:None]"
+    skipped = direct(keyless, f"telecom/{airplane}", gold_replies_both_sides(small[airplane])[1:])[-1]
+    assert skipped["done"] and skipped["reward"] == 0.0 and skipped["info"]["reward_breakdown"]["ENV_ASSERTION"] == 0.0
+
+
+def test_a_whole_conversation_with_the_real_user_simulator_prompt_no_key_and_taus_evaluator(keyless, acting_user):
+    """τ²'s UserSimulator with its real guidelines (data/tau2/user_simulator/simulation_guidelines*.md of the
+    checkout) against the loopback stand-in, with no key file (the server refused to start without one): /reset
+    starts the conversation, the agent works, the user hangs up, τ²'s evaluator scores it."""
+    data = os.path.join(os.path.dirname(DOMAINS_DIR), "user_simulator")
+    with open(os.path.join(data, "simulation_guidelines.md")) as f:
+        guidelines = f.read().strip()
+    with open(os.path.join(data, "simulation_guidelines_tools.md")) as f:
+        guidelines_tools = f.read().strip()
+    assert "Stand-in guidelines" not in guidelines and len(guidelines) > 500  # the real prose, not a stand-in line
+    before = len(acting_user.systems)
+    task = tasks("mock")["create_task_1"]
+    answers = direct(keyless, "mock/create_task_1", gold_replies(task))
+    assert answers[0]["state"] == "Hi, I need help with my request."  # the user's first message, through the user
+    assert answers[-1]["done"] and answers[-1]["reward"] == 1.0 and answers[-1]["info"]["tau2_reward"] == 1.0
+    systems = acting_user.systems[before:]
+    assert systems and all(guidelines in system for system in systems)
+    assert task["user_scenario"]["instructions"] in systems[0]  # the task's scenario, below the guidelines
+    assert all(r["authorization"] == "Bearer EMPTY" for r in acting_user.requests[-len(systems):])
+    # telecom's user has tools: its prompt is the tools guidelines
+    before = len(acting_user.systems)
+    direct(keyless, "telecom/[service_issue]airplane_mode_on[PERSONA:None]", ["Thank you, goodbye."])
+    assert all(guidelines_tools in system for system in acting_user.systems[before:])
+    assert "placeholder key" in full_log(keyless)
+
+
+def test_setup_env_records_the_commit_of_an_install_from_a_copy_once_stated(tmp_path):
+    """The shared copy is no git checkout, so tau2 run records "unknown" for every run made with it; setup_env.sh
+    records the commit stated once at install beside the venv (.venvs/tau2/tau2-commit.json), where the eval script
+    and the scorer read it. Runs only where the venv is current (setup_env.sh then only checks it: no rebuild)."""
+    import hashlib
+
+    venv = os.path.dirname(os.path.dirname(TAU2_PYTHON))
+    with open(os.path.join(ROOT, "env_gateway", "servers", "requirements", "tau2.txt"), "rb") as f:
+        want = hashlib.sha256(f.read() + b"\n" + os.path.realpath(TAU2_BENCH).encode() + b"\n").hexdigest()
+    with open(os.path.join(venv, ".requirements.sha256")) as f:
+        if f.read().strip() != want:
+            pytest.skip(f"{venv} was built from another requirements file or checkout: this would rebuild it")
+    record = os.path.join(venv, "tau2-commit.json")
+    kept = open(record).read() if os.path.exists(record) else None
+    env = {**os.environ, "TAU2_BENCH_DIR": TAU2_BENCH}
+    env.pop("TAU2_COMMIT", None)
+    try:
+        if kept is not None:
+            os.remove(record)
+        plain = subprocess.run(["bash", "scripts/setup_env.sh", "tau2"], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=300)
+        assert plain.returncode == 0, plain.stderr[-2000:]
+        assert "commit of this install is unknown" in plain.stdout and "TAU2_COMMIT=c5b2d22" in plain.stdout
+        assert not os.path.exists(record)
+        stated = subprocess.run(["bash", "scripts/setup_env.sh", "tau2"], cwd=ROOT,
+                                env={**env, "TAU2_COMMIT": "c5b2d22"}, capture_output=True, text=True, timeout=300)
+        assert stated.returncode == 0, stated.stderr[-2000:]
+        assert "installed from tau2-bench commit c5b2d22" in stated.stdout
+        with open(record) as f:
+            assert json.load(f)["commit"] == "c5b2d22"
+        shown = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "scripts/tau2_commit.py", "--venv", venv],
+                               cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert shown.stdout.strip() == "c5b2d22"
+    finally:
+        if kept is None:
+            if os.path.exists(record):
+                os.remove(record)
+        else:
+            with open(record, "w") as f:
+                f.write(kept)

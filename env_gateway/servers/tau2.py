@@ -2,7 +2,8 @@
 
     .venvs/tau2/bin/python -m env_gateway.servers.tau2 --port 8011 --user-model openai/<model> \
         --user-base-url http://HOST:PORT/v1      (venv: bash scripts/setup_env.sh tau2)
-    (the user simulator's API key is read from --user-key-file, default .secrets/tau2_user_api_key; never argv)
+    (the user simulator's API key is read from --user-key-file, default .secrets/tau2_user_api_key; never argv; a
+    user model on this machine, a loopback --user-base-url, needs no key file: it gets a placeholder key)
 
 Protocol (the gateway's ``tau2`` adapter speaks it):
     GET  /                             health
@@ -42,6 +43,18 @@ Reward, 0 until the end; at the end τ²'s own evaluation of the conversation (`
     --reward-shape binary:  1 if |reward - 1| <= 1e-6 else 0 (τ²'s success)
     --reward-shape dense:   mean of the breakdown's values (partial credit), or reward where there is none
 
+Errors: a client mistake is a 4xx ``{error, detail}`` that says what to fix. Any other failure is a 500 whose body is a
+stable code and a short fixed reason (``FAILURES``: ``tau2_not_installed``, ``tau2_data_missing``,
+``tau2_tasks_missing``, ``reset_failed``, ``user_simulator_failed``, ``tool_call_failed``, ``evaluation_failed``,
+``internal_error``): no exception text, no file path reaches a client. The cause, with its traceback, goes to the
+server's log, through ``scrub``, which removes every secret (the key file's, and the environment's ``*_API_KEY`` /
+``*_TOKEN`` / ``*_SECRET`` values) in any form a library may print it: verbatim, in any letter case, hex- or
+base64-encoded, or split over lines. tau2's own log (loguru) and every Python log line go through it too.
+
+Telecom's tasks: tau2 reads them from ``telecom/tasks.json`` of its data folder; ``--telecom-tasks small`` (or
+``full``) reads ``tasks_small.json`` (``tasks_full.json``) of the same folder instead, in place, with tau2's own
+telecom task loader.
+
 The ``tau2`` package is imported only when a conversation starts (``RealTau2``), so this module imports without
 it; the user simulator is τ²'s ``UserSimulator`` calling litellm at ``--user-base-url`` (any OpenAI-compatible
 server) with a ``--user-timeout``. Tests plug a stand-in ``conversation_factory`` into ``Tau2Server``
@@ -53,13 +66,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import functools
+import ipaddress
 import itertools
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
+import traceback
+import urllib.parse
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,8 +86,8 @@ from typing import Any, Callable, Protocol
 
 from aiohttp import web
 
-from env_gateway.servers._base import (RequestError, bound_socket, integer_field, json_body, json_errors,
-                                       read_secret_file, reap_idle, redact, short)
+from env_gateway.secret_file import SECRETS, read_secret_file
+from env_gateway.servers._base import RequestError, bound_socket, integer_field, json_body, reap_idle, short
 
 log = logging.getLogger("env_gateway.servers.tau2")
 
@@ -78,6 +97,107 @@ AGENT_PROMPTS = ("project", "tau2")
 FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # τ²'s orchestrator opens every conversation with this
 MAX_USER_TOOL_ROUNDS = 50  # the user simulator's own tool calls in a row before it must answer
 CALL_FORMAT = 'Write <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.'
+TELECOM_TASK_FILES = {"small": "tasks_small.json", "full": "tasks_full.json"}  # --telecom-tasks; default tasks.json
+PLACEHOLDER_KEY = "EMPTY"  # the key a user model on this machine gets when there is no key file
+
+# ---- errors: a stable code and a short reason for the client, the cause for the log only ------------------------
+FAILURES = {
+    "tau2_not_installed": "the tau2 package is not installed for this server: build its venv with `bash "
+                          "scripts/setup_env.sh tau2` (tau2-bench at commit c5b2d22) and run the server with "
+                          ".venvs/tau2/bin/python",
+    "tau2_data_missing": "tau2's data folder lacks the domains or the user simulator's guidelines: point TAU2_DATA_DIR "
+                         "at the data folder of tau2-bench at c5b2d22 (the server's log names the folder)",
+    "tau2_tasks_missing": "tau2 cannot load this domain's task file: for telecom, name one the data folder has "
+                          "(--telecom-tasks small or full), or point TAU2_DATA_DIR at a full data folder (the "
+                          "server's log names the file)",
+    "reset_failed": "starting the tau2 conversation failed (the server's log has the cause)",
+    "user_simulator_failed": "the user simulator failed: its model call or its own tool calls (the server's log has "
+                             "the cause)",
+    "tool_call_failed": "running the tool calls in tau2's domain failed (the server's log has the cause)",
+    "evaluation_failed": "tau2's evaluation of the conversation failed (the server's log has the cause)",
+    "internal_error": "the tau2 server failed (its log has the cause)",
+}
+
+
+class Tau2Failure(Exception):
+    """A failure the client learns by its code and ``FAILURES``' reason alone; ``detail`` (paths, causes) is for the
+    server's log."""
+
+    def __init__(self, code: str, detail: str = ""):
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code, self.reason, self.detail = code, FAILURES[code], detail
+
+
+SECRET_ENV = re.compile(r"(API_KEY|_TOKEN|_SECRET|_PASSWORD)$")
+MIN_SECRET_CHARS = 8  # shorter values ("EMPTY") are no secret, and would blank ordinary words
+_SEPARATOR = r"(?:\s|\\[nrt])*"  # what a wrapped or escaped line break leaves between two characters
+
+
+def _secrets() -> frozenset[str]:
+    """The key files' secrets (``read_secret_file`` registers them) and the environment's secret-named values."""
+    found = {s for s in SECRETS}
+    found.update(v.strip() for k, v in os.environ.items() if SECRET_ENV.search(k.upper()))
+    return frozenset(s for s in found if len(s) >= MIN_SECRET_CHARS)
+
+
+@functools.lru_cache(maxsize=16)
+def _secret_pattern(secrets: frozenset[str]) -> re.Pattern:
+    forms = set()
+    for secret in secrets:
+        raw = secret.encode()
+        forms.update((secret, raw.hex(), base64.b64encode(raw).decode().rstrip("="),
+                      base64.urlsafe_b64encode(raw).decode().rstrip("=")))
+    alternatives = [_SEPARATOR.join(re.escape(c) for c in form) for form in sorted(forms, key=len, reverse=True)]
+    return re.compile("|".join(alternatives), re.IGNORECASE)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every secret replaced by [redacted], in any letter case, hex- or base64-encoded, or with white
+    space or escaped line breaks between its characters."""
+    secrets = _secrets()
+    return _secret_pattern(secrets).sub("[redacted]", text) if secrets else text
+
+
+class ScrubbingFormatter(logging.Formatter):
+    """A log formatter whose lines (message and traceback) go through ``scrub``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
+
+
+def tau2_errors() -> Callable:
+    """Middleware: RequestError -> its 4xx JSON; aiohttp's own 404/405 -> JSON; any other exception -> 500 with a
+    stable code and ``FAILURES``' fixed reason (``internal_error`` for one no stage named), its cause and traceback
+    logged through ``scrub``; the server keeps serving."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return web.json_response({"error": e.error, "detail": e.detail}, status=e.status)
+        except web.HTTPException as e:
+            return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
+                                     status=e.status)
+        except Exception as e:
+            failure = e if isinstance(e, Tau2Failure) else Tau2Failure("internal_error")
+            cause = "".join(traceback.format_exception(e.__cause__ or e))
+            log.error("tau2: %s %s failed: %s%s\n%s", request.method, request.path, failure.code,
+                      f" ({scrub(failure.detail)})" if failure.detail else "", scrub(cause).rstrip())
+            return web.json_response({"error": failure.code, "detail": failure.reason}, status=500)
+
+    return errors
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -149,28 +269,41 @@ class RealTau2:
     ``user_llm_args``) plays the customer, its ``evaluate_simulation`` scores the conversation. Tested against the real
     package in tests/test_tau2_real.py (mock and retail domains, a scripted stand-in for the user model).
 
-    The package is imported at the first conversation. Before that, its log (loguru) is routed through ``redact`` at
+    The package is imported at the first conversation. Before that, its log (loguru) is routed through ``scrub`` at
     ``log_level`` (the key never reaches a log line), and litellm is told to use its bundled model-cost map instead of
     fetching one from the internet. Each domain's tasks are loaded once (tau2's own task loader, every split)."""
 
-    def __init__(self, user_model: str, user_llm_args: dict, log_level: str = "WARNING", agent_prompt: str = "project"):
+    def __init__(self, user_model: str, user_llm_args: dict, log_level: str = "WARNING", agent_prompt: str = "project",
+                 telecom_tasks: str | None = None):
         if agent_prompt not in AGENT_PROMPTS:
             raise ValueError(f"agent_prompt must be one of {', '.join(AGENT_PROMPTS)}, got {agent_prompt!r}")
+        if telecom_tasks is not None and telecom_tasks not in TELECOM_TASK_FILES:
+            raise ValueError(f"telecom_tasks must be one of {', '.join(TELECOM_TASK_FILES)} (or None: tasks.json), got "
+                             f"{telecom_tasks!r}")
         self.user_model, self._user_llm_args = user_model, user_llm_args  # holds the key: never log this dict
-        self.log_level, self.agent_prompt = log_level, agent_prompt
+        self.log_level, self.agent_prompt, self.telecom_tasks = log_level, agent_prompt, telecom_tasks
         self._tasks: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     def tasks(self, domain: str) -> dict[str, Any]:
-        """τ²'s tasks of ``domain`` by id (loaded once, by tau2's own task loader)."""
+        """τ²'s tasks of ``domain`` by id (loaded once, by tau2's own task loader; telecom's from the task file
+        ``telecom_tasks`` names, by tau2's telecom loader)."""
         with self._lock:
             if domain not in self._tasks:
                 run = import_tau2(self.log_level)
                 try:
-                    self._tasks[domain] = {task.id: task for task in run.load_tasks(task_set_name=domain)}
+                    if domain == "telecom" and self.telecom_tasks:
+                        from tau2.domains.telecom.environment import load_tasks as load_telecom_tasks
+                        from tau2.domains.telecom.utils import TELECOM_DATA_DIR
+
+                        loaded = load_telecom_tasks(str(TELECOM_DATA_DIR / TELECOM_TASK_FILES[self.telecom_tasks]))
+                    else:
+                        loaded = run.load_tasks(task_set_name=domain)
                 except FileNotFoundError as e:
-                    raise RuntimeError(f"tau2 cannot load the {domain} tasks ({e}): point TAU2_DATA_DIR at the data "
-                                       "folder of a full tau2-bench checkout at c5b2d22") from None
+                    raise Tau2Failure("tau2_tasks_missing", f"tau2 cannot load the {domain} tasks ({e}): point "
+                                      "TAU2_DATA_DIR at the data folder of a full tau2-bench checkout at c5b2d22, or "
+                                      "for telecom name the task file it has (--telecom-tasks)") from e
+                self._tasks[domain] = {task.id: task for task in loaded}
             return self._tasks[domain]
 
     def __call__(self, domain: str, task_id: str) -> "_Tau2Conversation":
@@ -185,7 +318,7 @@ _TAU2_IMPORTED = False
 
 
 def import_tau2(log_level: str = "WARNING") -> Any:
-    """``tau2.run`` of the installed package, imported once with its log redacted at ``log_level``; RuntimeError that
+    """``tau2.run`` of the installed package, imported once with its log scrubbed at ``log_level``; Tau2Failure that
     says what to do when the package or its data folder is missing."""
     global _TAU2_IMPORTED
     if not _TAU2_IMPORTED:
@@ -194,23 +327,24 @@ def import_tau2(log_level: str = "WARNING") -> Any:
             from loguru import logger
 
             logger.remove()
-            logger.add(lambda message: sys.stderr.write(redact(str(message))), level=log_level.upper(),
+            logger.add(lambda message: sys.stderr.write(scrub(str(message))), level=log_level.upper(),
                        format="{time:YYYY-MM-DD HH:mm:ss,SSS} tau2 {level} {message}", colorize=False)
             import tau2.run  # noqa: F401  (the import that fails where the package is missing)
             from tau2.utils.utils import DATA_DIR
         except ImportError as e:
-            raise RuntimeError(f"the tau2 package is not importable ({e}): build this server's venv with `bash "
-                               "scripts/setup_env.sh tau2` (it installs sierra-research/tau2-bench at commit c5b2d22 "
-                               "from $TAU2_BENCH_DIR) and run the server with .venvs/tau2/bin/python") from None
+            raise Tau2Failure("tau2_not_installed", f"the tau2 package is not importable ({e}): build this server's "
+                              "venv with `bash scripts/setup_env.sh tau2` (it installs sierra-research/tau2-bench at "
+                              "commit c5b2d22 from $TAU2_BENCH_DIR) and run the server with .venvs/tau2/bin/python") \
+                from e
         if not os.path.isdir(os.path.join(DATA_DIR, "tau2", "domains")):
-            raise RuntimeError(f"tau2's data folder {DATA_DIR} has no tau2/domains: set TAU2_DATA_DIR to the data "
-                               "folder of a tau2-bench checkout at c5b2d22, or rebuild .venvs/tau2 with `bash "
-                               "scripts/setup_env.sh tau2` (it copies the data there)")
+            raise Tau2Failure("tau2_data_missing", f"tau2's data folder {DATA_DIR} has no tau2/domains: set "
+                              "TAU2_DATA_DIR to the data folder of a tau2-bench checkout at c5b2d22, or rebuild "
+                              ".venvs/tau2 with `bash scripts/setup_env.sh tau2` (it copies the data there)")
         guidelines = os.path.join(DATA_DIR, "tau2", "user_simulator", "simulation_guidelines.md")
         if not os.path.isfile(guidelines):
-            raise RuntimeError(f"tau2's data folder {DATA_DIR} lacks {guidelines}, the user simulator's guidelines "
-                               "(a full tau2-bench checkout at c5b2d22 has them under data/tau2/user_simulator/): "
-                               "set TAU2_DATA_DIR to that checkout's data folder")
+            raise Tau2Failure("tau2_data_missing", f"tau2's data folder {DATA_DIR} lacks {guidelines}, the user "
+                              "simulator's guidelines (a tau2-bench checkout at c5b2d22 has them under "
+                              "data/tau2/user_simulator/): set TAU2_DATA_DIR to that checkout's data folder")
         _TAU2_IMPORTED = True
     import tau2.run as run
 
@@ -336,6 +470,16 @@ class Tau2Server:
     async def blocking(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
+    async def stage(self, code: str, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` in the thread pool; a failure in it becomes ``Tau2Failure(code)`` (client: the code and its
+        reason; log: the cause). Client mistakes (RequestError) and failures already named pass as they are."""
+        try:
+            return await self.blocking(fn, *args)
+        except (RequestError, Tau2Failure):
+            raise
+        except Exception as e:
+            raise Tau2Failure(code) from e
+
     def episode(self, raw: Any) -> Episode:
         idx = integer_field(raw, "env_idx", "bad_env_idx")
         if idx not in self.episodes:
@@ -360,8 +504,8 @@ class Tau2Server:
             raise RequestError(400, "bad_session_id", f"session_id must be '<domain>/<task_id>' with domain one of "
                                                       f"{', '.join(DOMAINS)}; got {short(data['session_id'])}")
         async with ep.lock:
-            conversation = await self.blocking(self.factory, domain, task_id)
-            first = await self.blocking(conversation.start)
+            conversation = await self.stage("reset_failed", self.factory, domain, task_id)
+            first = await self.stage("user_simulator_failed", conversation.start)
             ep.conversation, ep.item, ep.state, ep.done, ep.errors = conversation, f"{domain}/{task_id}", first, \
                 False, 0
             ep.steps = 1  # τ²'s greeting is not a step; the user's first message is
@@ -396,7 +540,7 @@ class Tau2Server:
         if error is not None:
             ep.state, errors = error, 1
         elif calls:
-            results = await self.blocking(ep.conversation.call_tools, calls)
+            results = await self.stage("tool_call_failed", ep.conversation.call_tools, calls)
             ep.state = "\n".join(f"<tool_response>\n{text}\n</tool_response>" for text, _ in results)
             errors = sum(failed for _, failed in results)
         info: dict = {"tool_errors": errors, "steps": ep.steps}
@@ -411,14 +555,14 @@ class Tau2Server:
         if stop:
             ep.state, user_stopped = "You ended the conversation.", False
         else:
-            ep.state, user_stopped = await self.blocking(ep.conversation.to_user, reply.strip())
+            ep.state, user_stopped = await self.stage("user_simulator_failed", ep.conversation.to_user, reply.strip())
             if not user_stopped:
                 if ep.steps >= self.max_steps:
                     return self.cut(ep, info, f"The step limit ({self.max_steps}) is reached: the conversation is "
                                               "over.")
                 return {"state": ep.state, "reward": 0.0, "done": False, "info": info}
         ep.done = True
-        reward, breakdown = await self.blocking(ep.conversation.evaluate, stop)
+        reward, breakdown = await self.stage("evaluation_failed", ep.conversation.evaluate, stop)
         shaped = shape_reward(reward, breakdown, self.reward_shape)
         log.info("tau2 %s: done, tau2 reward %.3f, shaped (%s) %.3f", ep.item, reward, self.reward_shape, shaped)
         return {"state": ep.state, "reward": shaped, "done": True,
@@ -447,7 +591,7 @@ class Tau2Server:
                                   "reward_shape": self.reward_shape})
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors("tau2")], client_max_size=1 << 20)
+        app = web.Application(middlewares=[tau2_errors()], client_max_size=1 << 20)
         app.add_routes([web.get("/", self.handle_health), web.post("/create", self.handle_create),
                         web.post("/reset", self.handle_reset), web.post("/step", self.handle_step),
                         web.get("/observation", self.handle_observation), web.post("/close", self.handle_close)])
@@ -476,6 +620,15 @@ def read_key(path: str) -> str:
                          "a local vLLM server any text, e.g. EMPTY), or point --user-key-file at one") from None
 
 
+def user_key(path: str, base_url: str) -> str:
+    """The user simulator's key: ``read_key(path)``, or, where there is no file at ``path`` and the user model runs on
+    this machine (a loopback ``base_url``: a local vLLM server takes any key), the placeholder."""
+    if not os.path.lexists(path) and is_loopback(base_url):
+        log.info("tau2 server: no key file at %s; the user model on this machine gets a placeholder key", path)
+        return PLACEHOLDER_KEY
+    return read_key(path)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m env_gateway.servers.tau2", description="τ²-bench env server")
     p.add_argument("--host", default="127.0.0.1")
@@ -484,9 +637,14 @@ def main(argv: list[str] | None = None) -> None:
                    "OpenAI-compatible server: openai/<served model name>)")
     p.add_argument("--user-base-url", required=True, help="OpenAI-compatible base URL of the user model, e.g. "
                    "http://127.0.0.1:8000/v1")
-    p.add_argument("--user-key-file", default=os.path.join(".secrets", "tau2_user_api_key"))
+    p.add_argument("--user-key-file", default=os.path.join(".secrets", "tau2_user_api_key"), help="the user model's "
+                   "key, one line, mode 600; none needed for a user model on this machine (a loopback "
+                   "--user-base-url): without the file it gets a placeholder key")
     p.add_argument("--user-temperature", type=float, default=0.0)
     p.add_argument("--reward-shape", choices=("binary", "dense"), default="binary")
+    p.add_argument("--telecom-tasks", choices=tuple(TELECOM_TASK_FILES), default=None, help="read telecom's tasks "
+                   "from tasks_small.json or tasks_full.json of tau2's data folder, in place (default: tasks.json, "
+                   "as tau2 does)")
     p.add_argument("--agent-prompt", choices=AGENT_PROMPTS, default="project", help="tau2: τ²'s default agent prompt "
                    "and tools, as 'tau2 run' gives them (protocol alignment); project: the agent func's own "
                    "instruction and a done tool")
@@ -503,18 +661,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tau2-log-level", default="WARNING", help="level of the tau2 package's own log (loguru)")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    llm_args = {"api_base": args.user_base_url, "api_key": read_key(args.user_key_file),
+    for handler in logging.getLogger().handlers:  # every log line, litellm's too, without a secret
+        handler.setFormatter(ScrubbingFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    llm_args = {"api_base": args.user_base_url, "api_key": user_key(args.user_key_file, args.user_base_url),
                 "temperature": args.user_temperature, "timeout": args.user_timeout}
     try:
-        conversations = RealTau2(args.user_model, llm_args, args.tau2_log_level, args.agent_prompt)
+        conversations = RealTau2(args.user_model, llm_args, args.tau2_log_level, args.agent_prompt,
+                                 args.telecom_tasks)
         server = Tau2Server(conversations, args.reward_shape, args.max_errors, args.max_instances, args.workers,
                             args.instance_ttl, args.max_steps)
     except ValueError as e:
         raise SystemExit(f"tau2 server: {e}") from None
     sock, port = bound_socket(args.host, args.port)  # the log names the port --port 0 got
     web.run_app(server.app(), sock=sock, print=lambda *_: log.info(
-        "tau2 server listening on http://%s:%d (user model %s at %s, reward %s, agent prompt %s)", args.host, port,
-        args.user_model, args.user_base_url, args.reward_shape, args.agent_prompt))
+        "tau2 server listening on http://%s:%d (user model %s at %s, reward %s, agent prompt %s, telecom tasks %s)",
+        args.host, port, args.user_model, args.user_base_url, args.reward_shape, args.agent_prompt,
+        TELECOM_TASK_FILES.get(args.telecom_tasks or "", "tasks.json")))
 
 
 if __name__ == "__main__":
