@@ -2,11 +2,25 @@
 # GPU smoke test: does the CUDA path of CoPE-RLHF work on this host, end to end, within 8 minutes? Run it whenever
 # a GPU machine is at hand, from a fresh clone, and paste what it prints into docs/results/gpu_smoke.md.
 #
-#   bash scripts/gpu_smoke.sh               on a CUDA host
-#   bash scripts/gpu_smoke.sh --dry-run     (or DRY_RUN=1) print every stage's commands; runs nothing, needs no GPU
+#   bash scripts/gpu_smoke.sh               on a CUDA host: both stages (set-up, stage 1, the rest of stage 2)
+#   bash scripts/gpu_smoke.sh --stage 1     only what needs no more than python3 with torch + transformers and this
+#                                           checkout (a borrowed GPU machine without vLLM, Ray, DeepSpeed, OpenRLHF,
+#                                           flash-attn or a package index; 64 MiB of files carried there)
+#   bash scripts/gpu_smoke.sh --stage 2     only the full-stack stages (a host that can install or has the stack)
+#   bash scripts/gpu_smoke.sh --dry-run [--stage N]   (or DRY_RUN=1) print each stage's needs and commands; runs
+#                                           nothing, needs no GPU
 #
 # Stages, in this order; each is timed, logged, and stopped when the budget (SMOKE_BUDGET_S) runs out:
-#   gpu          nvidia-smi sees a GPU; otherwise the script refuses at once (exit 2)
+#   gpu          nvidia-smi sees a GPU; otherwise the script refuses at once (exit 2). SMOKE_DEVICE=cpu (stage 1
+#                only): no GPU asked for, stage 1 runs on the CPU (what the tests do)
+#  stage 1 (SMOKE_PYTHON: .venv/bin/python where it exists, else python3)
+#   torch        torch and transformers import and see the GPU; flex attention and triton are there
+#   packed_signals  the packed signal engine (one row per trajectory with its branches, flex attention on CUDA)
+#                equals the per-turn / per-sample references of cope_rlhf/signal_references.py: information gain, TE
+#                members, forecast loss and gradients (scripts/gpu_smoke_checks.py packed-signals)
+#   signal_shape benchmarks/signal_cost.py --shape smollm2 --no-joint: the signals' time and memory against a GRPO
+#                step at SmolLM2-135M's shape (30 layers, hidden 576, vocab 49152; random weights from its config)
+#  stage 2
 #   setup        scripts/setup.sh with COPE_DEVICE=cuda (vLLM, flash-attn with its kernels) and the BabyAI server's
 #                venv, after a 5-second look at the package index (an offline host fails here with the reason,
 #                instead of in pip's retries)
@@ -24,7 +38,8 @@
 #                packed samples, every CoPE signal on (action forecast, TE with warm-up 0, info gain, degenerate
 #                filter, branch packing); SMOKE_STEPS GRPO steps
 #   tensorboard  every cope/* scalar those signals log is in the run's TensorBoard events
-# The cheap checks that need no training run come first, so that a training run that hangs cannot hide them.
+# With both stages: set-up, stage 1, then the rest of stage 2. The cheap checks that need no training run come first,
+# so that a training run that hangs cannot hide them.
 # Then one table: stage | status | seconds | key numbers (also written to <log folder>/summary.txt).
 #
 # Contract: exit 0 when every stage is OK; 1 when any stage failed, timed out or could not run (its prerequisite
@@ -45,6 +60,11 @@
 #   SMOKE_SKIP_SETUP=0          1: use the venvs as they are (an offline host set up earlier)
 #   SMOKE_DIR / OUT             log folder (see above)      SMOKE_WORK_DIR=runs/gpu_smoke/work
 #   SMOKE_GPU=0                 the GPU to use (CUDA_VISIBLE_DEVICES of the training run and the benchmark)
+#   SMOKE_DEVICE=cuda           cpu: stage 1 on the CPU, no GPU needed (stage 2 refuses it)
+#   SMOKE_PYTHON                stage 1's interpreter (default .venv/bin/python, else python3)
+#   SMOKE_PACKED_TURNS="1 3 12" the packed-signals check's trajectories (turns each)
+#   SMOKE_SHAPE_TURNS="5 20 40"  SMOKE_SHAPE_REPEATS=3  SMOKE_SHAPE_ARGS=  (more benchmarks/signal_cost.py arguments,
+#                               e.g. "--layers 1 --hidden 64" for a quick run on a CPU)
 #   SMOKE_STEPS=2  SMOKE_PROMPTS=4 (prompts per step)  SMOKE_SAMPLES=4 (episodes per prompt)  SMOKE_MAX_TURNS=4
 #   SMOKE_VLLM_GPU_UTIL=0.15    vLLM's share of the GPU (the tiny model needs little; the actor shares the GPU)
 #   SMOKE_TRAIN_TIMEOUT_S=300   the training stage's own limit (a hang must leave time for the summary)
@@ -57,7 +77,11 @@ set -euo pipefail
 SMOKE_SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 SMOKE_ROOT="$(cd "$(dirname "$SMOKE_SELF")/.." && pwd)"
 # The summary's rows, in the order the stages run.
-SMOKE_STAGES=(gpu setup stack flash_attn signal_cost prepare servers train tensorboard)
+SMOKE_STAGE1=(gpu torch packed_signals signal_shape)
+SMOKE_STAGE2=(setup stack flash_attn signal_cost prepare servers train tensorboard)
+# Both: set-up first, so that stage 1 runs on the trainer venv it builds (a fresh clone's python3 may have no torch);
+# where set-up fails (no package index), stage 1 still runs, on python3.
+SMOKE_STAGES=(gpu setup "${SMOKE_STAGE1[@]:1}" "${SMOKE_STAGE2[@]:1}")
 
 smoke_dry() {
     case "${DRY_RUN:-0}" in 1 | true | yes | on) return 0 ;; *) return 1 ;; esac
@@ -75,9 +99,18 @@ smoke_config() {
     : "${SMOKE_ATTENTION:=flash_attention_2}" "${SMOKE_PACKING:=1}"
     : "${SMOKE_SIGNAL_TURNS:=20}" "${SMOKE_SIGNAL_REPEATS:=3}"
     : "${SMOKE_SERVER_PORT:=18100}" "${SMOKE_GATEWAY_PORT:=18800}" "${SMOKE_SESSION:=cope-gpu-smoke}"
+    : "${SMOKE_DEVICE:=cuda}" "${SMOKE_PACKED_TURNS:=1 3 12}" "${SMOKE_SHAPE_TURNS:=5 20 40}"
+    : "${SMOKE_SHAPE_REPEATS:=3}" "${SMOKE_SHAPE_ARGS:=}"
     LOG_DIR="$(smoke_abs "${SMOKE_DIR:-${OUT:-$SMOKE_ROOT/runs/gpu_smoke}}")"
     WORK_DIR="$(smoke_abs "${SMOKE_WORK_DIR:-$SMOKE_ROOT/runs/gpu_smoke/work}")"
     PY="$SMOKE_ROOT/.venv/bin/python"
+    if [ -n "${SMOKE_PYTHON:-}" ]; then
+        PY1="$SMOKE_PYTHON"
+    elif [ -x "$PY" ]; then
+        PY1="$PY"
+    else
+        PY1=python3
+    fi
     PROMPT_COUNT=$((SMOKE_STEPS * SMOKE_PROMPTS))
 }
 
@@ -96,7 +129,46 @@ smoke_key() {
     echo "[smoke:key] $*"
 }
 
+# What each stage needs to run (printed by the dry run).
+smoke_needs_text() {
+    case "$1" in
+    gpu) echo "an NVIDIA driver (nvidia-smi); none with SMOKE_DEVICE=cpu" ;;
+    torch | packed_signals | signal_shape)
+        echo "$PY1 with torch and transformers (flex attention and triton on a GPU), this checkout; nothing else" ;;
+    setup) echo "a reachable package index (pip), nvcc or a prebuilt flash-attn wheel (for flash-attn's kernels)" ;;
+    stack) echo ".venv with CUDA torch, vLLM, DeepSpeed, Ray, OpenRLHF (the setup stage, or SMOKE_SKIP_SETUP=1)" ;;
+    flash_attn) echo "flash-attn's CUDA kernels in .venv" ;;
+    signal_cost) echo ".venv with OpenRLHF (its joint cell runs the OpenRLHF actor's code)" ;;
+    prepare) echo ".venv (transformers, tokenizers), the BabyAI item list in data/" ;;
+    servers) echo "tmux, .venvs/babyai (the BabyAI server), .venv (the gateway), free ports" ;;
+    train) echo "all of stage 2 above, one GPU" ;;
+    tensorboard) echo ".venv (tensorboard), the train stage's event files" ;;
+    esac
+}
+
 # ---- the stages' own work (each runs as `bash gpu_smoke.sh --internal NAME`, or prints under DRY_RUN) ----------
+stage_torch() {
+    smoke_do "$PY1" scripts/gpu_smoke_checks.py torch --device "$SMOKE_DEVICE"
+}
+
+stage_packed_signals() {
+    local turns
+    read -r -a turns <<<"$SMOKE_PACKED_TURNS"
+    smoke_do env CUDA_VISIBLE_DEVICES="$SMOKE_GPU" "$PY1" scripts/gpu_smoke_checks.py packed-signals \
+        --device "$SMOKE_DEVICE" --turns "${turns[@]}"
+}
+
+stage_signal_shape() {
+    local turns extra
+    read -r -a turns <<<"$SMOKE_SHAPE_TURNS"
+    read -r -a extra <<<"$SMOKE_SHAPE_ARGS"
+    smoke_do rm -f "$WORK_DIR/signal_cost_smollm2.json"  # the check must not read an earlier run's numbers
+    smoke_do env CUDA_VISIBLE_DEVICES="$SMOKE_GPU" "$PY1" benchmarks/signal_cost.py --shape smollm2 --no-joint \
+        --device "$SMOKE_DEVICE" --turns "${turns[@]}" --repeats "$SMOKE_SHAPE_REPEATS" "${extra[@]}" \
+        --json "$WORK_DIR/signal_cost_smollm2.json"
+    smoke_do "$PY1" scripts/gpu_smoke_checks.py signal-cost "$WORK_DIR/signal_cost_smollm2.json"
+}
+
 stage_setup() {
     smoke_do env COPE_DEVICE=cuda COPE_ENV_SERVERS=babyai bash scripts/setup.sh
     if ! smoke_dry; then
@@ -219,7 +291,8 @@ stage_tensorboard() {
 smoke_init() {
     mkdir -p "$LOG_DIR" "$WORK_DIR"
     # this script's own files of an earlier run (the stages append to their logs)
-    rm -f "$LOG_DIR"/{setup,stack,signal_cost,prepare,servers,train}.log "$LOG_DIR/summary.txt"
+    rm -f "$LOG_DIR"/{torch,packed_signals,signal_shape,setup,stack,signal_cost,prepare,servers,train}.log \
+        "$LOG_DIR/summary.txt"
     declare -gA STATUS=() TOOK=() KEY=()
     SMOKE_T0=$SECONDS
     SMOKE_DEADLINE=$(($(date +%s) + SMOKE_BUDGET_S))
@@ -233,12 +306,12 @@ smoke_record() {  # NAME STATUS SECONDS KEY... (the key's words joined by spaces
     KEY[$1]="${*:4}"
 }
 
-# smoke_needs NAME STAGE...: true when every STAGE is OK; otherwise NAME is recorded as skipped.
+# smoke_needs NAME STAGE...: true when every STAGE is OK (or OFF by request); otherwise NAME is recorded as skipped.
 smoke_needs() {
     local name="$1" need
     shift
     for need in "$@"; do
-        if [ "${STATUS[$need]:-}" != OK ]; then
+        if [ "${STATUS[$need]:-}" != OK ] && [ "${STATUS[$need]:-}" != OFF ]; then  # OFF: not needed here
             smoke_record "$name" SKIP 0 "not run: needs $need (${STATUS[$need]:-not run})"
             echo "[smoke] $name: skipped (needs $need)"
             return 1
@@ -295,13 +368,14 @@ smoke_run_stage() {
 # The table; returns 0 when every stage is OK (or off by request).
 smoke_summary() {
     local name status failed=() not_run=() table
-    table="GPU smoke $(date -u '+%F %H:%M') UTC, host $(uname -n), budget ${SMOKE_BUDGET_S}s,"
+    table="GPU smoke (stage ${SMOKE_STAGE_ARG:-1+2}) $(date -u '+%F %H:%M') UTC, host $(uname -n),"
+    table+=" budget ${SMOKE_BUDGET_S}s,"
     table+=" took $((SECONDS - SMOKE_T0))s"
-    table+=$'\n'"$(printf '%-12s | %-7s | %7s | %s' stage status seconds "key numbers")"
-    table+=$'\n'"-------------+---------+---------+$(printf '%.0s-' {1..60})"
+    table+=$'\n'"$(printf '%-14s | %-7s | %7s | %s' stage status seconds "key numbers")"
+    table+=$'\n'"---------------+---------+---------+$(printf '%.0s-' {1..60})"
     for name in "${SMOKE_STAGES[@]}"; do
         status="${STATUS[$name]:-SKIP}"
-        table+=$'\n'"$(printf '%-12s | %-7s | %7s | %s' "$name" "$status" "${TOOK[$name]:-0}" "${KEY[$name]-not run}")"
+        table+=$'\n'"$(printf '%-14s | %-7s | %7s | %s' "$name" "$status" "${TOOK[$name]:-0}" "${KEY[$name]-not run}")"
         case "$status" in OK | OFF) ;; SKIP) not_run+=("$name") ;; *) failed+=("$name") ;; esac
     done
     if [ "${#failed[@]}" -eq 0 ] && [ "${#not_run[@]}" -eq 0 ]; then
@@ -356,44 +430,101 @@ smoke_gpu_or_refuse() {
 }
 
 smoke_dry_run() {
-    echo "# gpu_smoke.sh dry run: each stage's commands (nothing runs); log folder $LOG_DIR, work folder $WORK_DIR"
+    echo "# gpu_smoke.sh dry run (stage ${SMOKE_STAGE_ARG:-1+2}): each stage's needs and commands (nothing runs);" \
+        "log folder $LOG_DIR, work folder $WORK_DIR"
     export DRY_RUN=1
-    echo "## gpu"
-    smoke_do "$NVIDIA_SMI" -L
-    echo "## setup"
-    if [ "$SMOKE_SKIP_SETUP" = 1 ]; then
-        echo "# off (SMOKE_SKIP_SETUP=1)"
-    else
-        smoke_do python3 -m pip index versions pip --timeout 5 --retries 0
-        stage_setup
-    fi
     local name
-    for name in stack flash_attn signal_cost prepare servers train tensorboard; do
+    for name in "${SMOKE_STAGES[@]}"; do
         echo "## $name"
-        "stage_$name"
+        echo "# needs: $(smoke_needs_text "$name")"
+        case "$name" in
+        gpu)
+            if [ "$SMOKE_DEVICE" = cpu ]; then echo "# off (SMOKE_DEVICE=cpu)"; else smoke_do "$NVIDIA_SMI" -L; fi
+            ;;
+        setup)
+            if [ "$SMOKE_SKIP_SETUP" = 1 ]; then
+                echo "# off (SMOKE_SKIP_SETUP=1)"
+            else
+                smoke_do python3 -m pip index versions pip --timeout 5 --retries 0
+                stage_setup
+            fi
+            ;;
+        *) "stage_$name" ;;
+        esac
     done
 }
 
+# --stage N: which stages run (sets SMOKE_STAGES and SMOKE_STAGE_ARG).
+smoke_select() {
+    case "$1" in
+    1) SMOKE_STAGES=("${SMOKE_STAGE1[@]}") ;;
+    2) SMOKE_STAGES=(gpu "${SMOKE_STAGE2[@]}") ;;
+    all) ;;
+    *)
+        echo "gpu_smoke: --stage takes 1, 2 or all, got '$1'" >&2
+        return 2
+        ;;
+    esac
+    SMOKE_STAGE_ARG="$1"
+}
+
+smoke_has() {
+    local name
+    for name in "${SMOKE_STAGES[@]}"; do [ "$name" = "$1" ] && return 0; done
+    return 1
+}
+
+smoke_stage1() {
+    if smoke_needs torch gpu; then
+        smoke_run_stage torch torch 0 bash "$SMOKE_SELF" --internal torch || true
+    fi
+    if smoke_needs packed_signals torch; then
+        smoke_run_stage packed_signals packed_signals 0 bash "$SMOKE_SELF" --internal packed_signals || true
+    fi
+    if smoke_needs signal_shape torch; then
+        smoke_run_stage signal_shape signal_shape 0 bash "$SMOKE_SELF" --internal signal_shape || true
+    fi
+}
+
 smoke_main() {
-    case "${1:-}" in
-    --dry-run) DRY_RUN=1 ;;
-    --internal)  # one stage's work, in the process smoke_run_stage starts
+    if [ "${1:-}" = --internal ]; then  # one stage's work, in the process smoke_run_stage starts
         smoke_config
         cd "$SMOKE_ROOT"
         "stage_$2"
         return
-        ;;
-    -h | --help)
-        sed -n '2,/^set -euo/p' "$SMOKE_SELF" | sed '$d; s/^# \{0,1\}//'
-        return 0
-        ;;
-    "") ;;
-    *)
-        echo "gpu_smoke: unknown argument '$1' (use --dry-run or --help)" >&2
-        return 2
-        ;;
-    esac
+    fi
+    local arg
+    for arg in "$@"; do
+        case "$arg" in -h | --help)
+            sed -n '2,/^set -euo/p' "$SMOKE_SELF" | sed '$d; s/^# \{0,1\}//'
+            return 0
+            ;;
+        esac
+    done
+    while [ $# -gt 0 ]; do
+        case "$1" in
+        --dry-run) DRY_RUN=1 ;;
+        --stage)
+            smoke_select "${2:-}" || return 2
+            shift
+            ;;
+        --stage=*) smoke_select "${1#--stage=}" || return 2 ;;
+        *)
+            echo "gpu_smoke: unknown argument '$1' (use --stage 1|2|all, --dry-run or --help)" >&2
+            return 2
+            ;;
+        esac
+        shift
+    done
     smoke_config
+    if [ "$SMOKE_DEVICE" = cpu ] && smoke_has setup; then
+        echo "gpu_smoke: SMOKE_DEVICE=cpu runs stage 1 only (--stage 1): stage 2 trains on a GPU" >&2
+        return 2
+    fi
+    if [ "$SMOKE_DEVICE" != cpu ] && [ "$SMOKE_DEVICE" != cuda ]; then
+        echo "gpu_smoke: SMOKE_DEVICE is cuda or cpu, got '$SMOKE_DEVICE'" >&2
+        return 2
+    fi
     # the stages' own processes start in the repository: they get the folders as absolute paths
     export SMOKE_DIR="$LOG_DIR" SMOKE_WORK_DIR="$WORK_DIR"
     cd "$SMOKE_ROOT"
@@ -401,14 +532,36 @@ smoke_main() {
         smoke_dry_run
         return 0
     fi
-    smoke_gpu_or_refuse
+    if [ "$SMOKE_DEVICE" = cpu ]; then
+        GPU_KEY=""
+    else
+        smoke_gpu_or_refuse
+    fi
     smoke_init
     trap smoke_cleanup EXIT
     trap 'exit 130' INT TERM
-    export SMOKE_ATTENTION SMOKE_PACKING
-    smoke_record gpu OK 0 "$GPU_KEY"
-    echo "[smoke] GPU: $GPU_KEY; logs in $LOG_DIR"
+    export SMOKE_ATTENTION SMOKE_PACKING SMOKE_DEVICE SMOKE_PYTHON
+    if [ "$SMOKE_DEVICE" = cpu ]; then
+        smoke_record gpu OFF 0 "off (SMOKE_DEVICE=cpu): stage 1 on the CPU"
+        echo "[smoke] no GPU asked for (SMOKE_DEVICE=cpu); logs in $LOG_DIR"
+    else
+        smoke_record gpu OK 0 "$GPU_KEY"
+        echo "[smoke] GPU: $GPU_KEY; logs in $LOG_DIR"
+    fi
+    if smoke_has setup; then
+        smoke_setup
+    fi
+    if smoke_has torch; then
+        smoke_stage1
+    fi
+    if smoke_has stack; then
+        smoke_stage2
+    fi
+    echo
+    smoke_summary
+}
 
+smoke_setup() {
     local probe_t0=$SECONDS
     if [ "$SMOKE_SKIP_SETUP" = 1 ]; then
         smoke_record setup OFF 0 "off (SMOKE_SKIP_SETUP=1): venvs used as they are"
@@ -420,6 +573,10 @@ smoke_main() {
     else
         smoke_run_stage setup setup 0 bash "$SMOKE_SELF" --internal setup || true
     fi
+}
+
+# Stage 2 after its set-up.
+smoke_stage2() {
     smoke_run_stage stack stack 0 bash "$SMOKE_SELF" --internal stack || true
     if smoke_needs flash_attn stack; then
         smoke_run_stage flash_attn stack 0 bash "$SMOKE_SELF" --internal flash_attn || true
@@ -448,8 +605,6 @@ smoke_main() {
         ;;
     *) smoke_needs tensorboard train || true ;;
     esac
-    echo
-    smoke_summary
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -1,5 +1,18 @@
 """The checks of scripts/gpu_smoke.sh that need Python, one subcommand each; exit 0 when the check holds, 1 otherwise.
 
+Stage 1 (torch, transformers and this checkout only: no vLLM, Ray, DeepSpeed, OpenRLHF or flash-attn):
+
+    python scripts/gpu_smoke_checks.py torch [--device D]      torch and transformers import, see the GPU (D = cuda)
+                                                               and have flex attention; prints their versions
+    python scripts/gpu_smoke_checks.py packed-signals [--device D] [--turns N ...] [--tol T]
+                                                               the packed signal engine (one row per trajectory,
+                                                               branches, under branches.block_attention: flex
+                                                               attention on CUDA) equals the per-turn / per-sample
+                                                               references of cope_rlhf/signal_references.py: information
+                                                               gain, TE members, forecast loss and its gradients
+
+Stage 2 (the full training stack):
+
     python scripts/gpu_smoke_checks.py stack                   the CUDA training stack imports and sees the GPU
     python scripts/gpu_smoke_checks.py flash-attn              flash-attn's own kernels run (varlen, forward and
                                                                backward, bf16) and agree with PyTorch's attention
@@ -119,6 +132,168 @@ def check_flash_attn() -> int:
     return 0 if ok else 1
 
 
+def resolve_device(name: str) -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def check_torch(device: str) -> int:
+    """Stage 1's first look: what the packed signals will run on."""
+    import torch
+    import transformers
+
+    from cope_rlhf.branches import flex_available
+
+    device = resolve_device(device)
+    where = "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            print(f"torch {torch.__version__} sees no GPU (torch.version.cuda = {torch.version.cuda})")
+            key(f"torch {torch.__version__}: no GPU")
+            return 1
+        props = torch.cuda.get_device_properties(0)
+        where = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, capability {props.major}.{props.minor}"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    flex = flex_available()
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, triton "
+          f"{triton_version}, flex attention {'yes' if flex else 'no'}; device: {where}")
+    problems = []
+    if device == "cuda" and not flex:
+        problems.append("this PyTorch has no flex attention: the packed CoPE signals cannot use it on the GPU")
+    if device == "cuda" and triton_version == "none":
+        problems.append("triton does not import: flex attention compiles its kernels with it")
+    for problem in problems:
+        print(f"error: {problem}")
+    key(f"torch {torch.__version__}, transformers {transformers.__version__}, triton {triton_version}, flex "
+        f"{'yes' if flex else 'no'}, {device}" + (f" ({where.split(',')[0]})" if device == "cuda" else ""))
+    return 1 if problems else 0
+
+
+def _signal_cost_module():
+    """benchmarks/signal_cost.py (its trajectories and tokenizer: the packed-signals check plays the same data)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("signal_cost", os.path.join(ROOT, "benchmarks", "signal_cost.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_packed_signals(device: str, turns: list[int], tol: float) -> int:
+    """The trainer's packed signal engine against the per-turn / per-sample references, on a small random Llama
+    (float32, TF32 off) on ``device``: information gain (``frozen_signals``, every turn scored), TE members (their
+    top-M mixture per covered token, and the counts) and the forecast loss with every parameter's gradient
+    (``forecast.forecast_loss``), each packed under ``block_attention`` (flex attention on CUDA, ``cope_branch_sdpa``
+    on a CPU) and computed the plain way, one forward per turn or per sample, under the model's own sdpa."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from cope_rlhf.branches import block_attention
+    from cope_rlhf.config import CoPEConfig
+    from cope_rlhf.forecast import build_forecast_samples, forecast_loss
+    from cope_rlhf.frozen_signals import frozen_signals
+    from cope_rlhf.temporal_ensemble import TOP_M, collect_members
+    from cope_rlhf.turns import unpadded_trajectories
+    from cope_rlhf.signal_references import (assert_same_top_m, per_sample_forecast_loss, per_sample_member_logits,
+                                         per_turn_info_gain)
+
+    device = resolve_device(device)
+    if device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: PyTorch sees no GPU here")
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 on both sides: the differences are float noise only
+    torch.backends.cudnn.allow_tf32 = False
+    sc = _signal_cost_module()
+    tok = sc.benchmark_tokenizer()
+    batch = sc.concat([sc.trajectory(tok, n, seed=7 + n) for n in turns], tok.pad_token_id)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1 << 14,
+                         tie_word_embeddings=True)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).float()
+    with torch.no_grad():  # larger than the default init, so that every KL and probability visibly depends on context
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+    model = model.to(device).eval()
+    run = lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,  # noqa: E731
+                                             logits_to_keep=0 if keep is None else keep).logits.float()
+    frozen = torch.no_grad()(run)
+    seq, am, act = (t.to(device) for t in (batch.sequences, batch.attention_mask, batch.action_mask))
+    rows = unpadded_trajectories([batch])
+    samples = [build_forecast_samples(*rows[p], tok, k=3, row=p) for p in batch.index]
+    signal_config = CoPEConfig(info_probe_tokens=16, info_max_turns=max(turns), info_kl_batch=2,
+                               te_micro_batch_size_per_gpu=2)
+    with block_attention(model) as build:
+        attention = model.config._attn_implementation
+        gain, members = frozen_signals(frozen, seq, am, act, signal_config, True, samples,
+                                       [rows[p] for p in batch.index], block_mask=build, device=device)
+    problems = []
+    if device == "cuda" and attention != "flex_attention":
+        problems.append(f"the packed path ran {attention}, not flex_attention, on the GPU")
+    # information gain: token rewards and metrics
+    (packed_rewards, _, packed_metrics) = gain
+    want_rewards, _, want_metrics = per_turn_info_gain(frozen, seq, am, act, 16, max(turns), rows_per_forward=2)
+    d_gain = float((packed_rewards.cpu() - want_rewards.cpu()).abs().max())
+    scored = int(want_metrics["cope/info_turns_scored"])
+    if not d_gain <= tol or float(want_rewards.abs().max()) < 1e-4:
+        problems.append(f"information gain: packed and per-turn differ by {d_gain:.1e} (> {tol:g})")
+    if any(abs(packed_metrics[k] - want_metrics[k]) > tol for k in want_metrics):
+        problems.append(f"information gain metrics differ: {packed_metrics} vs {want_metrics}")
+    # TE members: each row's covered positions, mixture and counts
+    slots = 0
+    for p, (got, got_counts) in zip(batch.index, members):
+        trimmed, logits = per_sample_member_logits(frozen, samples[p], device=device)
+        targets, probs, ids, counts = collect_members(trimmed, logits, {p: rows[p]}, top_m=TOP_M)
+        slots += len(targets)
+        try:
+            assert got["positions"].tolist() == [pos for _, pos in targets], "covered positions differ"
+            assert_same_top_m(got["probs"].cpu(), got["ids"].cpu(), probs, ids, atol=tol)
+            assert all(abs(got_counts[k] - counts[k]) <= tol for k in counts), f"counts {got_counts} vs {counts}"
+        except AssertionError as e:
+            problems.append(f"TE members of trajectory {p}: {str(e).splitlines()[0][:200]}")
+    if slots == 0:
+        problems.append("TE members: no covered slot (the check would prove nothing)")
+    # forecast loss and gradients
+    flat = [s for row in samples for s in row]
+    results = []
+    model.train()
+    for packed in (True, False):
+        model.zero_grad(set_to_none=True)
+        if packed:
+            with block_attention(model) as build:
+                loss = forecast_loss(run, flat, coef=0.01, block_mask=build, device=device)
+                loss.backward()
+        else:
+            loss = per_sample_forecast_loss(run, flat, coef=0.01, pad_token_id=tok.pad_token_id, device=device)
+            loss.backward()
+        results.append((float(loss.detach()), {n: q.grad.detach().clone() for n, q in model.named_parameters()}))
+    (loss_packed, grads_packed), (loss_plain, grads_plain) = results
+    d_loss = abs(loss_packed - loss_plain)
+    d_grad = max(float((grads_packed[n] - g).abs().max() / g.abs().max().clamp_min(1e-12))
+                 for n, g in grads_plain.items())
+    if not d_loss <= tol:
+        problems.append(f"forecast loss: packed {loss_packed:.6f} vs per-sample {loss_plain:.6f}")
+    if not d_grad <= 1e-3:
+        problems.append(f"forecast gradients differ by {d_grad:.1e} of their largest entry (> 1e-3)")
+    print(f"{device}: packed path {attention}; {len(turns)} trajectories ({', '.join(map(str, turns))} turns, "
+          f"{int(am.sum())} tokens); info gain over {scored} turns max|d| {d_gain:.1e}; TE members: {slots} slots "
+          f"(top-{TOP_M}); forecast: {len(flat)} samples, loss |d| {d_loss:.1e}, gradients max rel. |d| {d_grad:.1e}")
+    for problem in problems:
+        print(f"error: {problem}")
+    key(f"packed = per-turn on {device} ({attention}): dIG {d_gain:.0e} ({scored} turns), TE {slots} slots, "
+        f"dL_AF {d_loss:.0e}, dgrad {d_grad:.0e}" + (f"; {len(problems)} problem(s)" if problems else ""))
+    return 1 if problems else 0
+
+
 def scalar_tags(logdir: str) -> tuple[dict, int]:
     """({tag: [steps]} over every event folder under ``logdir``, number of event folders)."""
     from cope_rlhf.tb_scalars import event_folders, read_scalars
@@ -159,8 +334,9 @@ def check_signal_cost(path: str, tol: float) -> int:
         if not all(x <= tol for x in differences):  # NaN fails too
             problems.append(f"{row['turns']} turns: the packed signals under {report['packed_attention']} and under a "
                             f"dense mask differ by {d:.1e} (> {tol:g})")
+        memory = f", mem {row['signals_over_grpo_mem']:.2f}x" if "signals_over_grpo_mem" in row else ""
         parts.append(f"{row['turns']} turns: signals/grpo {row['signals_over_grpo_wall']:.2f}x "
-                     f"[{row['signals_over_grpo_wall_min']:.2f}-{row['signals_over_grpo_wall_max']:.2f}], "
+                     f"[{row['signals_over_grpo_wall_min']:.2f}-{row['signals_over_grpo_wall_max']:.2f}]{memory}, "
                      f"max|d| {d:.0e}")
     for problem in problems:
         print(f"error: {problem}")
@@ -171,6 +347,13 @@ def check_signal_cost(path: str, tol: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="check", required=True)
+    for name in ("torch", "packed-signals"):
+        one = sub.add_parser(name)
+        one.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                         help="auto: cuda when PyTorch sees a GPU")
+    packed = sub.choices["packed-signals"]
+    packed.add_argument("--turns", type=int, nargs="+", default=[1, 3, 12], help="one trajectory of each length")
+    packed.add_argument("--tol", type=float, default=1e-4, help="largest allowed |packed - reference| (float32)")
     sub.add_parser("stack")
     sub.add_parser("flash-attn")
     tb = sub.add_parser("tensorboard")
@@ -180,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--tol", type=float, default=1e-3,
                     help="largest allowed |packed - per-turn| of info gain and forecast loss (float32 on a GPU)")
     args = parser.parse_args(argv)
+    if args.check == "torch":
+        return check_torch(args.device)
+    if args.check == "packed-signals":
+        return check_packed_signals(args.device, args.turns, args.tol)
     if args.check == "stack":
         return check_stack()
     if args.check == "flash-attn":

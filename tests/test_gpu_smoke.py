@@ -1,9 +1,11 @@
 """scripts/gpu_smoke.sh, the parts that run without a GPU: it passes ``bash -n`` and shellcheck; its dry run prints
-every stage's command (the training run's flags included) and creates nothing; it refuses a host without a GPU
-with exit code 2; its stage runner records OK / FAIL / TIMEOUT / SKIP, keeps one log per stage and fails the
-whole run for any of them; on a host whose venv cannot use the GPU it stops at the stack stage and skips what
-depends on it. scripts/gpu_smoke_checks.py's TensorBoard and signal-cost checks run on files written here.
-(tests/test_launchers.py parses the dry run's training command with the trainer's own parser.)"""
+every stage's needs and command (the training run's flags included) and creates nothing; ``--stage 1`` / ``--stage 2``
+select the stages; it refuses a host without a GPU with exit code 2; its stage runner records OK / FAIL / TIMEOUT /
+SKIP, keeps one log per stage and fails the whole run for any of them; on a host whose venv cannot use the GPU it
+stops at the torch and stack stages and skips what depends on them. Stage 1 runs for real on the CPU
+(``SMOKE_DEVICE=cpu``) with OpenRLHF, vLLM, Ray, DeepSpeed and flash-attn made unimportable: it needs only torch,
+transformers and the checkout. scripts/gpu_smoke_checks.py's TensorBoard and signal-cost checks run on files written
+here. (tests/test_launchers.py parses the dry run's training command with the trainer's own parser.)"""
 
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import ROOT
 
 SCRIPT = "scripts/gpu_smoke.sh"
-STAGES = ["gpu", "setup", "stack", "flash_attn", "signal_cost", "prepare", "servers", "train", "tensorboard"]
+STAGE1 = ["gpu", "torch", "packed_signals", "signal_shape"]
+STAGE2 = ["setup", "stack", "flash_attn", "signal_cost", "prepare", "servers", "train", "tensorboard"]
+STAGES = ["gpu", "setup"] + STAGE1[1:] + STAGE2[1:]  # both: set-up first, so that stage 1 runs on its venv
 
 
 def clean_env(**extra: str) -> dict:
@@ -64,22 +69,37 @@ def dry_run(tmp_path_factory):
     return done.stdout.replace(str(logs), "LOGS")
 
 
-def stage_lines(output: str) -> dict:
-    """{stage: [its printed lines]} of a dry run."""
+def stage_lines(output: str, needs: dict | None = None) -> dict:
+    """{stage: [its printed lines]} of a dry run, without its "# needs:" line (put into ``needs`` when given)."""
     stages, current = {}, None
     for line in output.splitlines():
         if line.startswith("## "):
             current = line[3:]
             stages[current] = []
+        elif current and line.startswith("# needs: "):
+            if needs is not None:
+                needs[current] = line[len("# needs: "):]
         elif current:
             stages[current].append(line)
     return stages
 
 
 def test_dry_run_prints_every_stage_in_order(dry_run):
-    stages = stage_lines(dry_run)
-    assert list(stages) == STAGES
+    needs = {}
+    stages = stage_lines(dry_run, needs)
+    assert list(stages) == STAGES and list(needs) == STAGES  # each stage says what it needs
+    for name in STAGE1[1:]:  # stage 1: torch, transformers and the checkout, nothing of the training stack
+        assert "torch and transformers" in needs[name] and "nothing else" in needs[name], needs[name]
+    assert "package index" in needs["setup"] and "OpenRLHF" in needs["stack"]
     assert stages["gpu"] == ["+ nvidia-smi -L"]
+    assert any("scripts/gpu_smoke_checks.py torch --device cuda" in line for line in stages["torch"])
+    packed = shlex.split(next(line for line in stages["packed_signals"] if "packed-signals" in line))
+    assert packed[packed.index("--turns") + 1:] == ["1", "3", "12"] and "CUDA_VISIBLE_DEVICES=0" in packed
+    shape = shlex.split(next(line for line in stages["signal_shape"] if "benchmarks/signal_cost.py" in line))
+    assert shape[shape.index("--shape") + 1] == "smollm2" and "--no-joint" in shape
+    assert shape[shape.index("--device") + 1] == "cuda" and shape[shape.index("--turns") + 1:][:3] == ["5", "20", "40"]
+    assert any("gpu_smoke_checks.py signal-cost" in line and "signal_cost_smollm2.json" in line
+               for line in stages["signal_shape"])
     assert "+ env COPE_DEVICE=cuda COPE_ENV_SERVERS=babyai bash scripts/setup.sh" in stages["setup"]
     assert any("scripts/gpu_smoke_checks.py stack" in line for line in stages["stack"])
     assert any("scripts/gpu_smoke_checks.py flash-attn" in line for line in stages["flash_attn"])
@@ -169,6 +189,58 @@ def test_refuses_a_host_without_gpu(tmp_path, gpu_answer):
 def test_unknown_argument_is_refused():
     done = smoke("--bogus")
     assert done.returncode == 2 and "unknown argument '--bogus'" in done.stderr
+    done = smoke("--stage", "3")
+    assert done.returncode == 2 and "--stage takes 1, 2 or all, got '3'" in done.stderr
+    done = smoke("--dry-run", SMOKE_DEVICE="cpu")  # stage 2 trains on a GPU
+    assert done.returncode == 2 and "SMOKE_DEVICE=cpu runs stage 1 only" in done.stderr
+
+
+def test_stage_selects_which_stages_run(tmp_path):
+    logs = tmp_path / "logs"
+    one = smoke("--dry-run", "--stage", "1", SMOKE_DIR=str(logs))
+    assert one.returncode == 0 and list(stage_lines(one.stdout)) == STAGE1
+    two = smoke("--stage=2", "--dry-run", SMOKE_DIR=str(logs))
+    assert two.returncode == 0 and list(stage_lines(two.stdout)) == ["gpu"] + STAGE2
+    cpu = smoke("--dry-run", "--stage", "1", SMOKE_DEVICE="cpu", SMOKE_PYTHON="/opt/py", SMOKE_DIR=str(logs))
+    stages = stage_lines(cpu.stdout)
+    assert stages["gpu"] == ["# off (SMOKE_DEVICE=cpu)"]
+    assert all(line.split()[1] == "/opt/py" or "/opt/py" in line.split()
+               for name in STAGE1[1:] for line in stages[name] if "gpu_smoke_checks.py" in line)
+    assert not logs.exists()
+    assert smoke("--stage", "1", "--help").stdout.startswith("GPU smoke test")
+
+
+BLOCKER = """import runpy, sys
+# The training stack the GPU image lacks: unimportable here (find_spec answers None, import raises ImportError).
+for name in ("openrlhf", "vllm", "ray", "deepspeed", "flash_attn"):
+    sys.modules[name] = None
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.timeout(400)
+def test_stage_1_runs_on_cpu_with_only_torch_transformers_and_the_checkout(tmp_path):
+    """``SMOKE_DEVICE=cpu bash scripts/gpu_smoke.sh --stage 1`` for real, its interpreter unable to import the
+    training stack: the packed signals equal the per-turn references (the CPU's packed attention), and the signal
+    cost runs at SmolLM2's vocabulary (a 1-layer, 64-wide stand-in of its family, so that it takes seconds)."""
+    (tmp_path / "block.py").write_text(BLOCKER)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / "block.py"))} "$@"\n')
+    python.chmod(0o755)
+    logs = tmp_path / "logs"
+    done = smoke("--stage", "1", timeout=380, SMOKE_DEVICE="cpu", SMOKE_PYTHON=str(python), SMOKE_DIR=str(logs),
+                 SMOKE_WORK_DIR=str(tmp_path / "work"), SMOKE_PACKED_TURNS="1 3", SMOKE_SHAPE_TURNS="2",
+                 SMOKE_SHAPE_REPEATS="1", SMOKE_SHAPE_ARGS="--layers 1 --hidden 64 --batch 1")
+    assert done.returncode == 0, done.stdout + "".join(p.read_text()[-2000:] for p in logs.glob("*.log"))
+    rows = table_rows(done.stdout)
+    assert list(rows) == STAGE1 and rows["gpu"][0] == "OFF"
+    assert all(rows[name][0] == "OK" for name in STAGE1[1:]), rows
+    assert "cpu" in rows["torch"][2] and rows["packed_signals"][2].startswith("packed = per-turn on cpu")
+    assert "signals/grpo" in rows["signal_shape"][2] and "mem " in rows["signal_shape"][2]
+    report = json.loads((tmp_path / "work" / "signal_cost_smollm2.json").read_text())
+    assert report["shape"] == "smollm2" and report["joint"] is False and "vocab 49152" in report["model"]
+    assert sorted(os.listdir(logs)) == ["packed_signals.log", "signal_shape.log", "summary.txt", "torch.log"]
 
 
 def run_sourced(tmp_path, body: str, **extra: str) -> subprocess.CompletedProcess:
@@ -181,7 +253,7 @@ def run_sourced(tmp_path, body: str, **extra: str) -> subprocess.CompletedProces
 def table_rows(output: str) -> dict:
     rows = {}
     for line in output.splitlines():
-        cells = [c.strip() for c in line.split("|")]
+        cells = [c.strip() for c in line.split("|", 3)]  # key numbers may hold a "|" (max|d|)
         if len(cells) == 4 and cells[0] not in ("stage", ""):
             rows[cells[0]] = cells[1:]
     return rows
@@ -247,11 +319,13 @@ def test_stack_failure_skips_what_depends_on_it(tmp_path):
     rows = table_rows(done.stdout)
     assert list(rows) == STAGES
     assert rows["gpu"] == ["OK", "0", "Fake GPU, 1024 MiB, 0.0"]
+    assert rows["torch"][0] == "FAIL" and "no GPU" in rows["torch"][2]
+    assert [rows[s] for s in ("packed_signals", "signal_shape")] == [["SKIP", "0", "not run: needs torch (FAIL)"]] * 2
     assert rows["setup"][0] == "OFF"
     assert rows["stack"][0] == "FAIL" and "sees no GPU" in rows["stack"][2]
-    assert all(rows[s][0] == "SKIP" for s in STAGES[3:])
+    assert all(rows[s][0] == "SKIP" for s in STAGE2[2:])
     assert rows["flash_attn"][2] == "not run: needs stack (FAIL)"
-    assert sorted(os.listdir(logs)) == ["stack.log", "summary.txt"]
+    assert sorted(os.listdir(logs)) == ["stack.log", "summary.txt", "torch.log"]
 
 
 # ---- scripts/gpu_smoke_checks.py ------------------------------------------------------------------------------
