@@ -15,6 +15,7 @@
 # whole micro-batches, is refused (exit 2) with what to set instead. Other settings: scripts/lib/common.sh and
 # scripts/lib/tmux.sh (GPUS_PER_NODE, NUM_NODES, MODEL_PATH, OUTPUT_DIR, RAY_ADDRESS, ...).
 # The user model's key: .secrets/tau2_user_api_key, read by the τ² server (never argv, never logged).
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 ENV_NAME=tau2
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -3,6 +3,7 @@
 #   bash scripts/launch_webarena_grpo_tmux.sh [stop]        LAUNCH_ONLY=1 / DRY_RUN=1 / HOLD=1: see scripts/lib/tmux.sh
 # WebArena has no built-in server: start its original server (it needs WebArena's own data) and point at it:
 #   ENV_SERVER_URLS=http://HOST:PORT[,http://HOST:PORT2] bash scripts/launch_webarena_grpo_tmux.sh
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 ENV_NAME=webarena
 : "${ENV_SERVER=}"

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The first command: train a small agent on BabyAI with GRPO on one CPU machine (no GPU, no model hub) and see its
-# held-out success before and after, with intervals. What it has shown so far, and why the recipe is what it is:
-# docs/results/quickstart_diagnosis.md.
+# held-out success before and after, with intervals. What it shows: docs/RESULTS.md, "The quickstart".
 #
 #   bash scripts/quickstart.sh
 #
@@ -29,8 +28,13 @@
 # Environment: QUICKSTART_DIR (default runs/quickstart), QUICKSTART_STEPS (RL steps, default 50),
 # QUICKSTART_EVAL_EVERY (default 10), QUICKSTART_DEMOS (default 300), QUICKSTART_HELDOUT (default 200),
 # QUICKSTART_COPE_FLAGS (more CoPE switches added to the run, e.g. "--cope.info_intrinsic_weight 0.1"; default
-# none: the recipe is measured with GRPO and the degenerate-group filter only, docs/results/quickstart_diagnosis.md),
+# none: the recipe is measured with GRPO and the degenerate-group filter only),
 # QUICKSTART_SKIP_SETUP=1 (use the venvs as they are). Everything it starts is stopped on exit.
+#
+# The terminal shows each stage's progress (scripts/quickstart_progress.py: a line per SFT epoch and per GRPO step,
+# each held-out eval, time elapsed and left, and at least a line a minute); each stage's whole output is in
+# QUICKSTART_DIR/logs/<stage>.log.
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,16 +44,23 @@ STEPS="${QUICKSTART_STEPS:-50}"
 EVAL_EVERY="${QUICKSTART_EVAL_EVERY:-10}"
 DEMOS="${QUICKSTART_DEMOS:-300}"
 HELDOUT="${QUICKSTART_HELDOUT:-200}"
+EPOCHS=16  # the warm start's SFT epochs (the recipe: stage 2 above)
 read -r -a COPE_FLAGS <<< "${QUICKSTART_COPE_FLAGS:-}"  # words, as on a command line
 PY="$ROOT/.venv/bin/python"
 # The recipe was tuned on the BabyAI server's compact text (env_gateway/servers/babyai.py); its default is AgentGym's.
 # Every server started below (warm start, trainer, evals) inherits the variable.
 export BABYAI_TEXT="${BABYAI_TEXT:-compact}"
 T0=$SECONDS
-CHILD=""
+CHILD="" WATCHER=""
+
+stop_watcher() {
+  if [[ -n "$WATCHER" ]]; then kill -TERM "$WATCHER" 2>/dev/null || true; wait "$WATCHER" 2>/dev/null || true; fi
+  WATCHER=""
+}
 
 cleanup() {
   local code=$?
+  stop_watcher
   if [[ -n "$CHILD" ]] && kill -0 "$CHILD" 2>/dev/null; then
     echo "[quickstart] stopping the running step (pid $CHILD) ..." >&2
     kill -TERM -- "-$CHILD" 2>/dev/null || true
@@ -61,18 +72,26 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-step() {  # step NAME command...: run it in its own process group (so cleanup can stop all of it), log, time it
-  local name="$1" t=$SECONDS; shift
-  echo "[quickstart] $name ..."
+# step NAME TOTAL command...: run it in its own process group (so cleanup can stop all of it), its whole output in
+# the stage's log, its progress (TOTAL: SFT epochs or GRPO steps) on the terminal; time it
+step() {
+  local name="$1" total="$2" t=$SECONDS; shift 2
+  echo "[quickstart] $name ... (everything it prints: $DIR/logs/$name.log)"
   setsid "$@" <&0 > "$DIR/logs/$name.log" 2>&1 &  # <&0: a heredoc reaches the command
   CHILD=$!
+  "$PY" scripts/quickstart_progress.py "$name" "$DIR/logs/$name.log" --total "$total" --pid "$CHILD" \
+    --eval-every "$EVAL_EVERY" </dev/null &
+  WATCHER=$!
   if ! wait "$CHILD"; then
     CHILD=""
+    stop_watcher
     echo "[quickstart] $name failed; the end of $DIR/logs/$name.log:" >&2
     tail -n 25 "$DIR/logs/$name.log" >&2
     exit 1
   fi
   CHILD=""
+  wait "$WATCHER" || true  # it prints what is left of the log, then ends: the stage's process is gone
+  WATCHER=""
   echo "[quickstart] $name: done in $((SECONDS - t)) s"
 }
 
@@ -83,10 +102,10 @@ fi
 [[ -x .venvs/babyai/bin/python ]] || { echo "[quickstart] no BabyAI server venv: run bash scripts/setup_env.sh babyai" >&2; exit 1; }
 mkdir -p "$DIR/logs"
 
-step warmstart "$PY" scripts/prepare_warm_start.py --env babyai --levels 1 --heldout "$HELDOUT" --demos "$DEMOS" \
-  --demo-policy view-hesitant --epochs 16 --sft-schedule cosine --out "$DIR"
+step warmstart "$EPOCHS" "$PY" scripts/prepare_warm_start.py --env babyai --levels 1 --heldout "$HELDOUT" \
+  --demos "$DEMOS" --demo-policy view-hesitant --epochs "$EPOCHS" --sft-schedule cosine --out "$DIR"
 rm -rf "$DIR/ckpt" "$DIR/tensorboard"
-step train "$PY" -m cope_rlhf.local train --env babyai \
+step train "$STEPS" "$PY" -m cope_rlhf.local train --env babyai \
   --actor.model_name_or_path "$DIR/model-sft" \
   --data.prompt_dataset "$DIR/data/train.jsonl" --eval.dataset "$DIR/data/heldout.jsonl" \
   --local.steps "$STEPS" --local.max_turns 3 --eval.steps "$EVAL_EVERY" --ckpt.save_steps "$EVAL_EVERY" \

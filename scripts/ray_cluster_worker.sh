@@ -6,6 +6,7 @@
 #   GLOO_SOCKET_IFNAME= (default: the interface holding NODE_IP; gloo's ranks on CPU and the CPU weight sync bind it)
 #   DRY_RUN=1 prints the command.   `bash scripts/ray_cluster_worker.sh stop`: stops Ray on this host (`ray stop`,
 #   every Ray process of this machine; the processes get STOP_GRACE_S=10 seconds, then SIGKILL)
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"

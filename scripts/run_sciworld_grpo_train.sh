@@ -3,6 +3,7 @@
 # Defaults here: AgentGym-RL: 20 turns, n = 8; reward binarised by agent_funcs/sciworld.py.
 # Every other setting, DRY_RUN=1 and RAY_ADDRESS: scripts/lib/common.sh. A method variant is one more variable:
 #   TE_ENABLE=1 TE_LAMBDA=0.1 bash scripts/run_sciworld_grpo_train.sh
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 ENV_NAME=sciworld
 : "${MAX_TURNS:=20}" "${N_SAMPLES_PER_PROMPT:=8}"

@@ -3,6 +3,7 @@
 # Defaults here: 30 turns, n = 8; see docs/TAU2_GRPO.md.
 # Every other setting, DRY_RUN=1 and RAY_ADDRESS: scripts/lib/common.sh. A method variant is one more variable:
 #   TE_ENABLE=1 TE_LAMBDA=0.1 bash scripts/run_tau2_grpo_train.sh
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 ENV_NAME=tau2
 : "${MAX_TURNS:=30}" "${N_SAMPLES_PER_PROMPT:=8}"

@@ -3,6 +3,7 @@
 # Defaults here: AgentGym-RL: 15 turns, n = 4.
 # Every other setting, DRY_RUN=1 and RAY_ADDRESS: scripts/lib/common.sh. A method variant is one more variable:
 #   TE_ENABLE=1 TE_LAMBDA=0.1 bash scripts/run_webarena_grpo_train.sh
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 ENV_NAME=webarena
 : "${MAX_TURNS:=15}" "${N_SAMPLES_PER_PROMPT:=4}"

@@ -15,6 +15,7 @@
 #   DRY_RUN=1 TAG=mine MODEL_PATH=<ckpt> bash scripts/sbatch_tau2_align.sh                (print the plan, run nothing)
 # Then: python scripts/tau2_align_score.py --tag mine  and  python scripts/tau2_viz_trajectories.py "mine=mine" ...
 # The user model's key is read from .secrets/tau2_user_api_key by the twin (never argv, never the job's log).
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-$(dirname "${BASH_SOURCE[0]}")/..}"
 exec bash scripts/tau2_align_eval.sh "$@" </dev/null

@@ -13,6 +13,7 @@
 #   DRY_RUN=1 NODES="node1 node2" ENV_NAME=babyai bash scripts/sbatch_train.sh    prints the plan, runs nothing
 # Settings: NODES (default: the allocation's hosts)  GPUS_PER_NODE (default SLURM_GPUS_ON_NODE or 8)
 #   RAY_PORT=6379  DASHBOARD_PORT=8265  GATEWAY_PORT=8800  STARTUP_TIMEOUT=600 (seconds for Ray and servers)
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-$(dirname "${BASH_SOURCE[0]}")/..}"
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh

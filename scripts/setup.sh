@@ -15,6 +15,7 @@
 # Environment: PYTHON (interpreter for the venv, default python3.11 or python3), COPE_DEVICE=cpu|cuda (default: cuda
 # when nvidia-smi sees a GPU), COPE_ENV_SERVERS (space-separated env servers to set up; default: every server that
 # has a requirements file; "none" to skip).
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

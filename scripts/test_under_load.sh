@@ -8,6 +8,7 @@
 # pytest with scripts/test.sh's options, its output in $LOAD_LOGS/run<k>.log (default runs/test_under_load) and its
 # last line here. Stops at the first run that fails (exit 1); the stress workers stop on any exit. Needs `stress`
 # (scripts/setup.sh installs it where it can).
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
