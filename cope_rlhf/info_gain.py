@@ -19,7 +19,7 @@ The counterfactual of turn t differs from the real sequence only from the block'
 just the P tokens ``[action_start - 1, action_start - 1 + P)`` recomputed, as a branch off the trajectory that sees
 it before the block (``probe_requests``; ``cope_rlhf.frozen_signals`` runs them, one packed row per trajectory): one
 forward of the trajectory plus P tokens per scored turn, instead of one forward per turn. The per-turn computation
-it equals is the reference in ``tests/signal_references.py``.
+it equals is the reference in ``cope_rlhf/signal_references.py``.
 
 Everything runs through ``logits_fn(sequences, attention_mask, position_ids, keep) -> logits``, so a HF model
 and an OpenRLHF actor serve alike: ``(rows, L, V)``, or with ``keep`` (sorted column indices)
@@ -87,10 +87,6 @@ def spread_rewards(turns: List[List[Turn]], probes: List[Probe], values: List[fl
     return token_rewards, turn_rewards, metrics
 
 
-def _probe_columns(probes: List[Probe], shift: int = 0) -> torch.Tensor:
-    return torch.cat([torch.arange(p.positions[0] - shift, p.positions[1] - shift) for p in probes])
-
-
 def probe_requests(sequences: torch.Tensor, attention_mask: torch.Tensor,
                    probes: List[Probe]) -> Tuple[List[List[Probe]], List[RowRequest]]:
     """Branch packing (``branches.run_requests``): per row with probes, its probes and its request: the trajectory
@@ -112,7 +108,8 @@ def probe_requests(sequences: torch.Tensor, attention_mask: torch.Tensor,
 
         def columns(starts: List[int], mine=mine, first=first) -> torch.Tensor:
             widths = [p.positions[1] - p.positions[0] for p in mine]
-            return torch.cat([_probe_columns(mine, first)] + [torch.arange(s, s + w) for s, w in zip(starts, widths)])
+            real = [torch.arange(p.positions[0] - first, p.positions[1] - first) for p in mine]
+            return torch.cat(real + [torch.arange(s, s + w) for s, w in zip(starts, widths)])
 
         rows.append(mine)
         requests.append(RowRequest(tokens[first:end], [Branch(tokens[a:b], a - first, p.masked[0] - first)

@@ -33,7 +33,7 @@ rejected; 0 under skip-invalid).
 
 The members' logits come from one packed row per trajectory, its forecast samples as branches off it
 (``member_requests``, run by ``cope_rlhf.frozen_signals``); the per-sample forwards they equal are the reference in
-``tests/signal_references.py``. Why these rules, and what TE does in this project's runs: docs/METHOD.md.
+``cope_rlhf/signal_references.py``. Why these rules, and what TE does in this project's runs: docs/METHOD.md.
 """
 
 from __future__ import annotations
@@ -186,20 +186,19 @@ def later_forecasts(samples: Sequence[ForecastSample]):
     return kept, cuts, trimmed
 
 
-def member_requests(kept: Sequence[ForecastSample], cuts: Sequence[Tuple[int, int]]):
-    """Branch packing (``branches.run_requests``): per trajectory, the indices of its samples in ``kept`` and
-    its request: the longest of their prefixes as trunk, each sample's ``input_ids[prefix_len:end]`` as a branch
-    at positions ``prefix_len, ...``; reads each sample's ``[first, end)`` columns, sample after sample."""
-    groups, requests = [], []
+def member_requests(kept: Sequence[ForecastSample], cuts: Sequence[Tuple[int, int]]) -> List[RowRequest]:
+    """Branch packing (``branches.run_requests``), one request per trajectory: the longest of its samples' prefixes
+    as trunk, each sample's ``input_ids[prefix_len:end]`` as a branch at positions ``prefix_len, ...``; reads each
+    sample's ``[first, end)`` columns, sample after sample."""
+    requests = []
     for members, trunk, branches in trajectory_branches(kept, [end for _, end in cuts]):
 
         def columns(starts: List[int], members=members) -> torch.Tensor:
             return torch.cat([branch_columns(start, kept[i].prefix_len, torch.arange(*cuts[i]))
                               for i, start in zip(members, starts)])
 
-        groups.append(members)
         requests.append(RowRequest(trunk, branches, columns))
-    return groups, requests
+    return requests
 
 
 def split_members(cuts: Sequence[Tuple[int, int]], logits: torch.Tensor) -> List[torch.Tensor]:

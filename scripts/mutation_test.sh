@@ -6,12 +6,16 @@
 #   bash scripts/mutation_test.sh                          # every file below
 #   bash scripts/mutation_test.sh cope_rlhf/advantage.py   # one of them
 #
-# Each file runs in a throwaway git worktree of HEAD (commit first what you want tested), with this checkout's .venv
+# Each file runs in a throwaway git worktree of HEAD (commit first what you want tested; MUTATION_SOURCE=working: a
+# copy of this checkout's files as they are, tracked and untracked-not-ignored, for work not committed yet), with this
+# checkout's .venv
 # and .venvs linked into it and a [mutmut] section in its setup.cfg naming the file and its tests. mutmut 3.8.1
 # (pinned) runs inside .venv's interpreter, as its tests do (it forks per mutant after importing them once); it and
 # the packages .venv lacks are installed into .venvs/mutmut-lib, put on PYTHONPATH for mutmut only, so .venv itself
-# is not changed. Per file: runs/mutation/<file>.txt (MUTATION_OUT), the tally and every survivor's diff. A survivor
-# is a missing test or an equivalent mutant (one that changes no behaviour); the note reporting a run says which.
+# is not changed. Per file: <MUTATION_OUT>/<file>.txt (default runs/mutation), the tally and every survivor's diff.
+# A survivor is a missing test or an equivalent mutant (one that changes no behaviour); the note reporting a run says
+# which.
+case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -26,16 +30,26 @@ LIB="$ROOT/.venvs/mutmut-lib"
 # 6d0db08), where adding tests/test_actor.py made a run last hours.
 declare -A TESTS=(
   [env_gateway/server.py]="tests/test_gateway.py tests/test_gateway_answers.py tests/test_gateway_cli.py
-                           tests/test_gateway_adapters.py tests/test_adapters_contract.py"
+                           tests/test_gateway_adapters.py tests/test_adapters_contract.py tests/test_gateway_hostile.py"
+  [env_gateway/servers/_base.py]="tests/test_server_base.py tests/test_gateway_hostile.py"
+  [cope_rlhf/preflight.py]="tests/test_preflight_units.py tests/test_preflight.py"
   [agent_funcs/base.py]="tests/test_agent_base_contract.py tests/test_agent_funcs.py tests/test_adapters_contract.py
                          tests/test_action_formats.py"
   [cope_rlhf/advantage.py]="tests/test_advantage.py"
   [cope_rlhf/forecast.py]="tests/test_forecast.py tests/test_action_formats.py"
+  [cope_rlhf/temporal_ensemble.py]="tests/test_temporal_ensemble.py tests/test_branches.py"
+  [cope_rlhf/info_gain.py]="tests/test_info_gain.py tests/test_branches.py"
   [scripts/eval.py]="tests/test_eval.py tests/test_adapters_contract.py"
+  [agent_funcs/tau2.py]="tests/test_tau2.py tests/test_action_formats.py tests/test_agent_base_contract.py"
+  [scripts/tau2_align_score.py]="tests/test_tau2_score.py tests/test_eval.py"
+  [env_gateway/servers/babyai.py]="tests/test_server_babyai.py tests/test_parity_babyai.py"
 )
 files=("$@")
-if ((${#files[@]} == 0)); then files=(env_gateway/server.py agent_funcs/base.py scripts/eval.py
-                                     cope_rlhf/advantage.py cope_rlhf/forecast.py); fi
+if ((${#files[@]} == 0)); then files=(env_gateway/server.py env_gateway/servers/_base.py agent_funcs/base.py
+                                     scripts/eval.py cope_rlhf/advantage.py cope_rlhf/forecast.py
+                                     cope_rlhf/temporal_ensemble.py cope_rlhf/info_gain.py
+                                     cope_rlhf/preflight.py agent_funcs/tau2.py scripts/tau2_align_score.py
+                                     env_gateway/servers/babyai.py); fi
 for file in "${files[@]}"; do
   [[ -n "${TESTS[$file]:-}" ]] || { echo "mutation_test.sh: no tests listed for '$file'; known: ${!TESTS[*]}" >&2
                                     exit 2; }
@@ -45,13 +59,24 @@ if [[ ! -f "$LIB/mutmut/__init__.py" ]]; then  # mutmut's own requirements .venv
   .venv/bin/python -m pip install -q --no-deps --target "$LIB" mutmut==3.8.1 coverage==7.17.5 libcst==1.9.0 \
     textual==8.2.8 2>&1 | { grep -v "^WARNING: Location" || true; }
 fi
-mutmut() { PYTHONPATH="$LIB" "$ROOT/.venv/bin/python" -m mutmut "$@"; }
+# One torch thread: mutmut forks a child per mutant from a parent that has run the tests, and a child forked while
+# torch's intra-op thread pool held a lock waited on it forever (seen with the TE and branch tests).
+mutmut() { OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH="$LIB" "$ROOT/.venv/bin/python" -m mutmut "$@"; }
 
 mkdir -p "$OUT"
+source="$(git rev-parse --short HEAD)"
+[[ "${MUTATION_SOURCE:-HEAD}" != working ]] || source="$source with this checkout's uncommitted changes"
 for file in "${files[@]}"; do
   read -r -d '' -a tests <<<"${TESTS[$file]}" || true  # the words of all its lines
   work="$(mktemp -d /tmp/cope-mutation-XXXX)/tree"
-  git worktree add -q --detach "$work" HEAD
+  if [[ "${MUTATION_SOURCE:-HEAD}" == working ]]; then  # deleted-but-tracked files are skipped, not an error
+    mkdir -p "$work"
+    git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null \
+      | tar -xf - -C "$work"
+    (cd "$work" && git init -q && git add -A && git -c user.name=mutation -c user.email=m@localhost commit -qm tree)
+  else
+    git worktree add -q --detach "$work" HEAD
+  fi
   ln -s "$ROOT/.venv" "$work/.venv"
   ln -s "$ROOT/.venvs" "$work/.venvs"
   # the tests run inside mutmut's copy (mutants/), and find the env servers' venvs from there: without these links the
@@ -68,7 +93,7 @@ for file in "${files[@]}"; do
     cd "$work"
     mutmut run > "$work/run.log" 2>&1 || true  # exit status: whether mutants survived; the report says which
     {
-      echo "# mutmut 3.8.1 on $file at $(git rev-parse --short HEAD), tests: ${tests[*]}"
+      echo "# mutmut 3.8.1 on $file at $source, tests: ${tests[*]}"
       tr '\r' '\n' < run.log | grep -v '^\s*$' | tail -n 1
       mutmut results --all true | awk '{print $NF}' | sort | uniq -c
       for id in $(mutmut results | awk -F: '/: survived/ {print $1}'); do
@@ -77,7 +102,7 @@ for file in "${files[@]}"; do
       done
     } > "$report"
   )
-  git worktree remove --force "$work"
+  if [[ "${MUTATION_SOURCE:-HEAD}" == working ]]; then rm -rf "$work"; else git worktree remove --force "$work"; fi
   rmdir "$(dirname "$work")"
   sed -n '1,8p' "$report"
 done

@@ -132,3 +132,24 @@ def test_left_padding_gives_the_same_values(model, batch):
     assert any(shifts) and len(sum(right, [])) == 8
     for a, b in zip(right, left):
         assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_single_turn_episodes_score_nothing_and_say_so(model, tok):
+    """Episodes of one turn have no feedback before an action: every token reward is 0 and the metrics say no turn
+    was scored (the values the log keeps for such a batch)."""
+    e = to_experience(agent_response(tok, ["Craft a stick.", "Got 1 bone."], ["Action:\nget 1 bone"]))
+    tokens, rewards, metrics = info_gain_rewards(hf_logits_fn(model), e.sequences, e.attention_mask, e.action_mask)
+    assert not tokens.any() and tokens.dtype == torch.float32
+    assert metrics == {"cope/info_reward_mean": 0.0, "cope/info_turns_scored": 0}
+
+
+def test_each_trajectory_runs_only_up_to_its_last_probe(batch):
+    """The packed row of a trajectory holds its tokens up to the last probed one (later tokens cannot change the
+    logits read, so running them would only cost)."""
+    from cope_rlhf.info_gain import probe_requests
+
+    turns = turn_spans(batch.action_mask, batch.sequences.shape[1], batch.attention_mask)
+    probes = plan_probes(turns, P, max_turns=8)
+    rows, requests = probe_requests(batch.sequences, batch.attention_mask, probes)
+    for mine, request in zip(rows, requests):
+        assert len(request.trunk) == max(p.positions[1] for p in mine) < int(batch.attention_mask[mine[0].row].sum())

@@ -8,22 +8,61 @@ import torch
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import build_forecast_samples
 from cope_rlhf.forecast import ReActFormat, rejected_turns
-from cope_rlhf.temporal_ensemble import (MAX_SLOT_TOKENS, collect_members, locate, mixture_target, mixture_top_m,
-                                         te_kl, te_lambda, te_status, trajectory_means)
-from cope_rlhf.turns import turn_spans
-from tests.signal_references import collate_forecast_samples
+from cope_rlhf import temporal_ensemble
+from cope_rlhf.forecast import ForecastSample
+from cope_rlhf.temporal_ensemble import (MAX_SLOT_TOKENS, collect_members, later_forecasts, locate, member_requests,
+                                         mixture_target, mixture_top_m, te_kl, te_lambda, te_status, trajectory_means)
+from cope_rlhf.turns import Turn, turn_spans
+from cope_rlhf.signal_references import collate_forecast_samples
 from tests.tiny_hf import agent_response, tiny_model, tiny_tokenizer, to_experience
 
 
+def trajectory(tok, observations, actions):
+    """One episode as OpenRLHF's executor returns it: (its token ids, its turns)."""
+    e = to_experience(agent_response(tok, observations, actions))
+    return e.sequences[0].tolist(), turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+
+
 def test_mixture_target_hand_computed():
-    frozen = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1, 0.0 + 1e-30]]))
-    forecast_probs, forecast_ids = torch.tensor([[0.55, 0.15]]), torch.tensor([[1, 4]])  # q^F's top-2, mass 0.7
+    frozen = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1, 0.0 + 1e-30], [0.2, 0.2, 0.2, 0.2, 0.2]]))
+    # row 0: q^F's top-2 {1: 0.55, 4: 0.15}, mass 0.7; row 1: {0: 0.9, 3: 0.05}, mass 0.95 (each row its own Z)
+    forecast_probs, forecast_ids = torch.tensor([[0.55, 0.15], [0.9, 0.05]]), torch.tensor([[1, 4], [0, 3]])
     q = mixture_target(frozen, forecast_probs, forecast_ids, eta=0.5)
-    forecast = torch.tensor([0.0, 0.55, 0.0, 0.0, 0.15])
-    pi = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
-    assert torch.allclose(q[0], (0.5 * pi + 0.5 * forecast) / (0.5 + 0.5 * 0.7), atol=1e-6)
-    assert torch.allclose(q.sum(-1), torch.ones(1))
-    assert torch.allclose(mixture_target(frozen, forecast_probs, forecast_ids, eta=0.0), torch.softmax(frozen, -1))
+    pi = torch.softmax(frozen, -1)
+    forecast = torch.tensor([[0.0, 0.55, 0.0, 0.0, 0.15], [0.9, 0.0, 0.0, 0.05, 0.0]])
+    expected = (0.5 * pi + 0.5 * forecast) / (0.5 + 0.5 * torch.tensor([[0.7], [0.95]]))
+    assert torch.allclose(q, expected, atol=1e-6)
+    assert torch.allclose(q.sum(-1), torch.ones(2))
+    assert torch.allclose(mixture_target(frozen, forecast_probs, forecast_ids, eta=0.0), pi)
+
+
+def test_locate_finds_the_last_match_inside_the_action_only():
+    """A slot covers the trajectory where its tokens occur inside the turn's action tokens, the last occurrence; not
+    in the feedback after it, not straddling the token before it; -1 when nowhere."""
+    tokens = [9, 1, 2, 3, 1, 2, 8, 1, 2]
+    turn = Turn(obs_start=0, obs_end=1, action_start=1, action_end=6, next_obs_end=9)
+    assert locate(tokens, turn, [1, 2]) == 4  # not 1 (not the last), not 7 (the feedback)
+    assert locate(tokens, turn, [1, 2, 3]) == 1  # the action's first token
+    assert locate(tokens, turn, [9, 1]) == -1  # starts before the action
+    assert locate(tokens, turn, [7]) == -1
+
+
+def test_te_status_of_nothing_is_zero():
+    assert set(te_status(dict.fromkeys(temporal_ensemble.COUNTS, 0.0)).values()) == {0.0}
+
+
+def test_later_forecasts_keep_the_slots_of_later_turns_only():
+    """Members are forecasts of a later turn: a sample whose only slot is its own turn is left out; the others are
+    cut from the column before their first later slot to the end of their last one, slots shifted to the cut, and
+    each trajectory's request reads exactly those columns (branches end at the cut)."""
+    only_now = ForecastSample(list(range(10)), [0] * 10, row=0, turn=2, slots=[(2, 6, 8)], prefix_len=4)
+    ahead = ForecastSample(list(range(20)), [0] * 20, row=0, turn=1, slots=[(1, 8, 10), (2, 11, 13), (3, 14, 16)],
+                           prefix_len=4)
+    kept, cuts, trimmed = later_forecasts([only_now, ahead])
+    assert kept == [ahead] and cuts == [(10, 16)]
+    assert trimmed[0].input_ids == list(range(10, 16)) and trimmed[0].slots == [(2, 1, 3), (3, 4, 6)]
+    (request,) = member_requests(kept, cuts)
+    assert [len(branch.tokens) for branch in request.branches] == [16 - 4]
 
 
 def test_forecast_mixture_is_cut_to_its_own_top_m():
@@ -85,9 +124,7 @@ def test_collect_members_from_forecasts():
     tok = tiny_tokenizer()
     obs = ["Go to the red ball.", "You see a door.", "The door opens.", "You see a key.", "Done."]
     acts = ["Action:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door", "Action:\npick up key"]
-    e = to_experience(agent_response(tok, obs, acts))
-    tokens = e.sequences[0].tolist()
-    turns = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+    tokens, turns = trajectory(tok, obs, acts)
     samples = build_forecast_samples(tokens, turns, tok, k=3, row=5)
     input_ids, attention_mask, _, _ = collate_forecast_samples(samples, tok.pad_token_id)
     model = tiny_model(len(tok))
@@ -127,22 +164,44 @@ def test_collect_members_from_forecasts():
     assert math.isclose(float(probs[second].sum()), float(want.values.sum()), rel_tol=1e-6)
 
 
-def test_a_slot_longer_than_sixteen_tokens_is_no_member():
-    """Upstream drops a slot of more than ``MAX_SLOT_TOKENS`` tokens; it used to cover its first 16 here."""
+@pytest.mark.parametrize("extra", [0, 4])
+def test_a_slot_longer_than_sixteen_tokens_is_no_member(extra):
+    """Upstream drops a slot of more than ``MAX_SLOT_TOKENS`` tokens (it used to cover its first 16 here); a slot of
+    exactly 16 is a member."""
     tok = tiny_tokenizer()
-    long_action = " ".join(["go"] * (MAX_SLOT_TOKENS + 4))
+    words = ["go"] * 40
+    while len(tok(" ".join(words), add_special_tokens=False)["input_ids"]) > MAX_SLOT_TOKENS + extra:
+        words.pop()
+    action = " ".join(words)
+    assert len(tok(action, add_special_tokens=False)["input_ids"]) == MAX_SLOT_TOKENS + extra
     obs = ["Go to the red ball.", "You see a door.", "The door opens.", "Done."]
-    acts = ["Action:\nlook around", f"Action:\n{long_action}", "Action:\nopen door"]
-    e = to_experience(agent_response(tok, obs, acts))
-    tokens = e.sequences[0].tolist()
-    turns = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+    acts = ["Action:\nlook around", f"Action:\n{action}", "Action:\nopen door"]
+    tokens, turns = trajectory(tok, obs, acts)
     samples = build_forecast_samples(tokens, turns, tok, k=3, row=0)
-    assert len(tok(long_action, add_special_tokens=False)["input_ids"]) > MAX_SLOT_TOKENS
     logits = [torch.zeros(len(s.input_ids), len(tok)) for s in samples]
     targets, _, _, counts = collect_members(samples, logits, {0: (tokens, turns)}, top_m=8)
-    assert not any(turns[1].action_start <= pos < turns[1].action_end for _, pos in targets)
+    in_turn_1 = [pos for _, pos in targets if turns[1].action_start <= pos < turns[1].action_end]
+    assert len(in_turn_1) == (0 if extra else MAX_SLOT_TOKENS)
     assert any(turns[2].action_start <= pos < turns[2].action_end for _, pos in targets)
-    assert counts["slots"] == 3 and counts["covered"] == 2  # turn 1's slot (from s=0) counted, not covered
+    assert counts["slots"] == 3 and counts["covered"] == (2 if extra else 3)  # turn 1's slot (from s=0)
+
+
+def test_at_most_so_many_covered_tokens_per_trajectory(monkeypatch):
+    """``MAX_COVERED_PER_TRAJECTORY`` tokens of a trajectory get members, the first ones met (upstream's cap of 128,
+    set to 3 here)."""
+    tok = tiny_tokenizer()
+    obs = ["Go to the red ball.", "You see a door.", "The door opens.", "You see a key.", "Done."]
+    acts = ["Action:\nlook around", "Action:\nopen door", "Action:\ntoggle and go through door",
+            "Action:\npick up key"]
+    tokens, turns = trajectory(tok, obs, acts)
+    samples = build_forecast_samples(tokens, turns, tok, k=3, row=0)
+    logits = [torch.zeros(len(s.input_ids), len(tok)) for s in samples]
+    uncapped = collect_members(samples, logits, {0: (tokens, turns)}, top_m=8)[0]
+    monkeypatch.setattr(temporal_ensemble, "MAX_COVERED_PER_TRAJECTORY", 3)
+    targets, probs, ids, _ = collect_members(samples, logits, {0: (tokens, turns)}, top_m=8)
+    # forecasts are met turn after turn, so the first tokens met are the earliest covered ones
+    assert len(uncapped) > 3 and targets == sorted(uncapped)[:3]
+    assert ids.dtype == torch.long and torch.isfinite(mixture_target(torch.zeros(3, len(tok)), probs, ids, 0.5)).all()
 
 
 def test_member_metrics_on_valid_actions_and_rejected_targets():
@@ -151,9 +210,7 @@ def test_member_metrics_on_valid_actions_and_rejected_targets():
     tok = tiny_tokenizer()
     obs = ["Go to the red ball.", "You see a door.", "Invalid action: no such thing.", "The door opens.", "Done."]
     acts = ["Action:\nlook around", "Action:\nfly away", "Action:\nopen door", "Action:\npick up key"]
-    e = to_experience(agent_response(tok, obs, acts))
-    tokens = e.sequences[0].tolist()
-    turns = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+    tokens, turns = trajectory(tok, obs, acts)
     rejected = rejected_turns(tokens, turns, tok, ReActFormat())
     assert rejected == [False, True, False, False]
 
@@ -182,9 +239,7 @@ def test_member_first_token_prob_says_whether_members_foresaw_the_action():
     tok = tiny_tokenizer()
     obs = ["Go to the red ball.", "You see a door.", "The door opens.", "Done."]
     acts = ["Action:\nlook around", "Action:\nopen door", "Action:\npick up key"]
-    e = to_experience(agent_response(tok, obs, acts))
-    tokens = e.sequences[0].tolist()
-    turns = turn_spans(e.action_mask, e.sequences.shape[1], e.attention_mask)[0]
+    tokens, turns = trajectory(tok, obs, acts)
     samples = build_forecast_samples(tokens, turns, tok, k=3, row=0)
     wrong = tok("Thought", add_special_tokens=False)["input_ids"][0]
 
