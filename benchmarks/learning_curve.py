@@ -6,23 +6,23 @@
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI:
 the quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model
-and its SFT) unless ``<out>/<env>/warm_start/model-sft``
-exists. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that model: the
-quickstart's recipe (``RECIPE``; ``--lr``, ``--samples-per-prompt`` and ``--prompts-per-step`` put another value in
-place of its own, and such a study gets its own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval;
-an eval cached in ``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out
-evals every ``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the forecast in joint mode,
-docs/results/quickstart_diagnosis.md) and ``--train.seed`` differing. A run whose ``summary.json`` exists is kept,
-so rerunning the command finishes an interrupted study (a run stopped before it starts over);
-``--report-only`` trains nothing (not even a missing warm start) and reports the runs that finished (each config over
-the seeds it has).
+and its SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. Then every (config, seed) is its own
+``python -m cope_rlhf.local train`` process from that model: the quickstart's recipe (``RECIPE``; ``--lr``,
+``--samples-per-prompt`` and ``--prompts-per-step`` put another value in place of its own, and such a study gets its
+own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval; an eval cached in
+``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out evals every
+``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the forecast in joint mode) and ``--train.seed``
+differing. A run whose ``summary.json`` (or record) exists is kept, so rerunning the command finishes an interrupted
+study (a run stopped before it starts over); ``--report-only`` trains nothing (not even a missing warm start) and
+reports the runs that finished (each config over the seeds it has).
 
-``--record DIR`` copies what the report reads of each finished run and of the warm start (``RECORD``: TensorBoard
-events, held-out episodes, summary, eval JSONs, the run's PNG; no trained model, no checkpoint) and what a run starts
-from (the warm start's ``model-sft``, a few MB, and its item ids) into DIR, laid out as in ``--out``.
-``--report-only --evals --out DIR`` then rebuilds the table and plot from DIR alone, in a checkout without the trained
-models; and a study moved to a new machine resumes where it stopped, from the same weights, once DIR is copied into its
-``--out`` (DIR's runs count as finished). docs/results/learning_study/ is the study's record.
+``--record DIR`` keeps, small, what the report reads: per finished run its ``run_record.json`` (``run_record``: the
+step metrics of the tables, the held-out curve, each held-out episode's (item, success) at the first and the last
+eval, the final models' eval metrics), per warm start its evals' metrics and its item ids, laid out as in ``--out``.
+``--report-only --evals --out DIR`` then rebuilds the tables and the plot from DIR alone; the raw records
+(TensorBoard events, episode files, models) stay in ``--out``. A study moved to a new machine resumes where it
+stopped once DIR is copied into its ``--out`` (DIR's runs count as finished) and the warm start's ``model-sft`` is put
+back beside it (from the machine that built it, or the git history named in docs/RESULTS.md).
 
 Once a run is trained, ``scripts/eval.py`` scores its final model (``model/``) on the env's held-out items twice, each
 with the training runs' turn limit and token budgets (``EVALS``, ``eval_command``): greedy (temperature 0, one
@@ -45,10 +45,9 @@ over items; mean ± 95%), and a second table of how the runs trained (``TRAINING
 rejected actions over each run's first and last 10 steps, KL to the reference over the last 10 (the loss's
 ``train/kl``, which under the filter covers the mixed groups' rows only, and the whole batch's ``cope/kl_all_rows``),
 the share of groups the degenerate filter took, TE's members' probability of the action taken). Each run also gets
-its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM
-(~1 min) and evaluates 400 episodes every ``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO took
-7.3 s on a 2-core host with AMX (bf16, docs/results/quickstart_diagnosis.md point 30) and ~35 s in fp32 on a 2-core
-AVX2-only EPYC (point 31), so a 60-step run takes 15 minutes to 45; the default grid is 2 envs x 7 configs x 3 seeds.
+its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM (~1 min) and evaluates 400 episodes every
+``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO takes 7-35 s on 2 CPU cores (the fast end with
+AMX), so a 60-step run takes 15 to 45 minutes.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ sys.path.insert(0, ROOT)  # the repository's packages, and scripts/ as scripts.<
 
 # Stock GRPO, GRPO + the degenerate-group filter (the quickstart's recipe), each CoPE signal on top of that filter,
 # and all together. The signals sit on "filter", not on stock GRPO: stock GRPO's group_norm turns float rounding in
-# all-equal groups into advantages up to +-60 (docs/results/quickstart_diagnosis.md point 19), and a run that
+# all-equal groups into advantages up to +-60 (docs/METHOD.md, the filter), and a run that
 # collapses from that would say nothing about the signal.
 FILTER = ["--cope.grpo_filter_degenerate"]
 # The recorded configs ran before skip-invalid became the default: it is off in them, so that they still mean what
@@ -85,8 +84,7 @@ INFO = ["--cope.info_intrinsic_weight", "0.1"]
 FORECAST_UP = ["--cope.action_forecast_enable", "--cope.action_forecast_mode", "joint"]
 TE_UP = ["--cope.te_enable", "--cope.te_lambda", "0.1", "--cope.te_warmup_steps", "10"]
 TE_UP_L0 = ["--cope.te_enable", "--cope.te_lambda", "0", "--cope.te_warmup_steps", "10"]
-# "all_but_te": every signal except TE, because TE is what makes "all" fall (docs/results/quickstart_diagnosis.md
-# point 27: its members, forecasts of a later turn, give the action taken there ~0.001-0.3 probability here).
+# "all_but_te": every signal except TE, because TE is what makes "all" fall (docs/RESULTS.md).
 CONFIGS = {"grpo": [], "filter": FILTER, "forecast": FILTER + FORECAST, "te": FILTER + FORECAST + TE,
            "info": FILTER + INFO, "all": FILTER + FORECAST + TE + INFO, "all_but_te": FILTER + FORECAST + INFO,
            "te_up": FILTER + FORECAST_UP + TE_UP, "te_up_l0": FILTER + FORECAST_UP + TE_UP_L0,
@@ -94,8 +92,8 @@ CONFIGS = {"grpo": [], "filter": FILTER, "forecast": FILTER + FORECAST, "te": FI
 WARM_START = {"babyai": ["--levels", "1", "--heldout", "200", "--demos", "300", "--demo-policy", "view-hesitant",
                          "--epochs", "16"],
               # 344 training items; 200 demos x 16 epochs left the tiny model at greedy 0.03 / sampled 0.01 held-out and
-              # 0-0.02 rollout success (no room to learn), 300 x 32 at 0.07 / 0.05 and 0.13-0.34 (diagnosis point 34);
-              # a 4.68M model (--hidden-size 256 --layers 4) scored no better (0.05 / 0.04; learning_curve_textcraft.md)
+              # 0-0.02 rollout success (no room to learn), 300 x 32 at 0.07 / 0.05 and 0.13-0.34; a 4.68M model
+              # (--hidden-size 256 --layers 4) scored no better (0.05 / 0.04)
               "textcraft": ["--heldout", "100", "--demos", "300", "--epochs", "32"]}
 TURNS = {"babyai": 3, "textcraft": 10}
 # The quickstart's recipe less its CoPE switch (scripts/quickstart.sh; tests/test_learning_curve.py keeps the two
@@ -139,7 +137,7 @@ def run_child(cmd: list[str], log=None, env: dict | None = None) -> int:
     """Run ``cmd`` to its end and return its exit code; if this process is stopped meanwhile (Ctrl-C, or SIGTERM,
     which ``main`` turns into SystemExit), the child gets SIGTERM and up to 60 s to stop what it started (the
     trainer: gateway, env servers, Ray, vLLM) before SIGKILL. subprocess.run would SIGKILL it at once."""
-    from env_gateway.servers.process import stop_process
+    from env_gateway.process import stop_process
 
     child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
     try:
@@ -203,12 +201,19 @@ def eval_command(env: str, model: str, items: str, folder: str, name: str, gatew
 def evaluate(env: str, model: str, folder: str, items: str, gateway: str, turns: int,
              names=tuple(EVALS)) -> dict[str, dict]:
     """Per ``EVALS`` name in ``names``, scripts/eval.py's metrics of ``model`` on ``items`` at ``turns`` turns; each
-    eval runs once, its JSON cached in ``folder``."""
+    eval runs once, its JSON cached in ``folder`` (or its metrics in the folder's ``RUN_RECORD``, in a record)."""
+    recorded = {}
+    if os.path.isfile(os.path.join(folder, RUN_RECORD)):
+        with open(os.path.join(folder, RUN_RECORD)) as f:
+            recorded = json.load(f).get("evals", {})
     metrics = {}
     for name in names:
         file = EVALS[name][0]
         path = os.path.join(folder, file)
         stem = path[:-len(".json")]
+        if not os.path.isfile(path) and name in recorded:
+            metrics[name] = recorded[name]
+            continue
         if not os.path.isfile(path):
             cmd, env_vars = eval_command(env, model, items, folder, name, gateway, turns)
             t = time.time()
@@ -228,22 +233,65 @@ def evaluate(env: str, model: str, folder: str, items: str, gateway: str, turns:
     return metrics
 
 
-# What the report reads of a run's folder and of the warm start's (its evals), and what a run starts from (the warm
-# start's model and item ids), relative to the folder.
-RECORD = ["tb", "ckpt/summary.json", "ckpt/eval_episodes.jsonl", "curve.png", *(file for file, _ in EVALS.values()),
-          "model-sft", "data/train.jsonl", "data/heldout.jsonl"]
+# What --record keeps of a run's or of the warm start's folder, relative to it: the run's compact record and the warm
+# start's item ids (what the runs played).
+RUN_RECORD = "run_record.json"
+RECORD = [RUN_RECORD, "data/train.jsonl", "data/heldout.jsonl"]
 
 
 def record(folder: str, out: str, to: str) -> None:
-    """Copy each ``RECORD`` path that ``folder`` (inside ``out``) has to the same place under ``to``."""
+    """Copy each ``RECORD`` file that ``folder`` (inside ``out``) has to the same place under ``to``."""
     for name in RECORD:
         source = os.path.join(folder, name)
-        target = os.path.join(to, os.path.relpath(source, out))
-        if os.path.isdir(source):
-            shutil.copytree(source, target, dirs_exist_ok=True)
-        elif os.path.isfile(source):
+        if os.path.isfile(source):
+            target = os.path.join(to, os.path.relpath(source, out))
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copy2(source, target)
+
+
+def held_out_episodes(out: str) -> dict[int, list]:
+    """{step: [[item, success], ...]} of the run's first and last in-training eval (``ckpt/eval_episodes.jsonl``),
+    enough for a gain paired by item."""
+    path = os.path.join(out, "ckpt", "eval_episodes.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    steps = sorted({r["step"] for r in rows})
+    return {s: [[r["item_id"], r.get("success", r["reward"])] for r in rows if r["step"] == s]
+            for s in {steps[0], steps[-1]}} if steps else {}
+
+
+def run_record(out: str, evals: dict[str, dict]) -> dict:
+    """What the report reads of a finished run: ``read_run``'s step metrics, ``evals`` (the final models' eval
+    metrics) and ``held_out_episodes``; written to ``<out>/run_record.json`` while the raw records are there, read
+    back from it when they are not (a --record folder)."""
+    path = os.path.join(out, RUN_RECORD)
+    if os.path.isfile(os.path.join(out, "ckpt", "summary.json")):
+        data = {**read_run(out), "evals": evals, "episodes": held_out_episodes(out)}
+        with open(path, "w") as f:
+            json.dump(data, f, indent=None, separators=(",", ":"))
+    with open(path) as f:  # read back in both cases, so that a record and a fresh report see the same numbers
+        data = json.load(f)
+    as_steps = lambda d: {int(k): v for k, v in d.items()}  # noqa: E731 (JSON keys are strings)
+    return {"eval": as_steps(data["eval"]), "step_s": data["step_s"],
+            "train": {tag: as_steps(values) for tag, values in data["train"].items()},
+            "episodes": as_steps(data["episodes"]), **{**data["evals"], **evals}}
+
+
+def warm_start_evals(start: str, evals: dict[str, dict]) -> dict[str, dict]:
+    """The warm start's eval metrics: ``evals`` (run or cached), recorded in its ``run_record.json`` with those of an
+    earlier report (a --record folder keeps only that file)."""
+    path = os.path.join(start, RUN_RECORD)
+    kept = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            kept = json.load(f)["evals"]
+    kept.update(evals)
+    if os.path.isdir(start):
+        with open(path, "w") as f:
+            json.dump({"evals": kept}, f, indent=1)
+    return kept
 
 
 def cached(folder: str, names: list) -> list:
@@ -252,9 +300,9 @@ def cached(folder: str, names: list) -> list:
             if name in names or os.path.isfile(os.path.join(folder, file))]
 
 
-# How each run trained, from its step metrics: what a collapse shows before the held-out evals do (TE's, in
-# docs/results/quickstart_diagnosis.md points 27 and 33: its members' probability of the taken action climbs, then the
-# env rejects several times as many actions and the filter takes every group).
+# How each run trained, from its step metrics: what a collapse shows before the held-out evals do (TE's: its members'
+# probability of the taken action climbs, then the env rejects several times as many actions and the filter takes
+# every group).
 TRAINING = {"success": "train/rollout/success_rate", "rejected": "train/rollout/rejected_action_rate",
             "kl": "train/kl", "kl_all_rows": "train/cope/kl_all_rows", "filtered": "train/cope/filtered_frac",
             "te_member": "train/cope/te_member_first_token_prob", "te_member_valid": "train/cope/te_member_prob_valid",
@@ -404,23 +452,24 @@ def main(argv: list[str] | None = None) -> str:
         turns = args.max_turns or TURNS[env]
         runs = {}
         with EnvStack(env) as stack:  # the evals' gateway (each training run starts its own)
-            before = evaluate(env, os.path.join(start, "model-sft"), start, items, stack.url, turns,
-                              cached(start, args.evals))
+            before = warm_start_evals(start, evaluate(env, os.path.join(start, "model-sft"), start, items, stack.url,
+                                                      turns, cached(start, args.evals)))
             if args.record:
                 record(start, args.out, args.record)
             for config in args.configs:
                 for seed in args.seeds:
                     out = os.path.join(args.out, env, f"{config}_seed{seed}")
-                    if not os.path.isfile(os.path.join(out, "ckpt", "summary.json")):  # not finished yet
+                    raw = os.path.isfile(os.path.join(out, "ckpt", "summary.json"))  # finished, its raw records here
+                    if not raw and not os.path.isfile(os.path.join(out, RUN_RECORD)):  # not finished (or no record)
                         if args.report_only:
                             continue
                         run_one(env, config, seed, start, out, turns, args)
-                    # --tensorboard: the summary names the folder by its path at training time, gone in a record
-                    run_report(["--ckpt", os.path.join(out, "ckpt"), "--tensorboard", os.path.join(out, "tb"),
-                                "--png", os.path.join(out, "curve.png")])
-                    runs.setdefault(config, []).append({**read_run(out),
-                                                        **evaluate(env, os.path.join(out, "model"), out, items,
-                                                                   stack.url, turns, cached(out, args.evals))})
+                        raw = True
+                    if raw:  # --tensorboard: the summary names the folder by its path at training time
+                        run_report(["--ckpt", os.path.join(out, "ckpt"), "--tensorboard", os.path.join(out, "tb"),
+                                    "--png", os.path.join(out, "curve.png")])
+                    runs.setdefault(config, []).append(run_record(out, evaluate(
+                        env, os.path.join(out, "model"), out, items, stack.url, turns, cached(out, args.evals))))
                     if args.record:
                         record(out, args.out, args.record)
         env_rows, curves = summarize(env, runs, before["greedy"]["success_rate"] if "greedy" in before else None)

@@ -26,8 +26,7 @@ experience maker, the action mask in the policy actor, after it has built their 
 max(2, 10% of the batch's groups) survive (upstream's rule): then the whole batch stays in the loss, the degenerate
 groups with advantages and returns zeroed (their exact GRPO advantage) and their action mask kept, so that one
 surviving group is averaged with the batch instead of taking a full optimizer step on its own (OpenRLHF normalizes
-the loss by the rows left in it: one group of 8 would weigh as much as a batch of 64;
-docs/results/quickstart_diagnosis.md point 35). With
+the loss by the rows left in it: one group of 8 would weigh as much as a batch of 64). With
 information gain on too, the filter removes only the extrinsic term of those groups: advantages and returns are
 zeroed (OpenRLHF's group_norm would leave rounding noise there, e.g. +-0.83 for eight equal rewards of 0.1), the
 action mask stays, and the info term, whose gate beta_g = w is fully open exactly there, is their whole advantage. (Zeroing the

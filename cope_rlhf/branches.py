@@ -21,8 +21,8 @@ trunk_end, read by ``branch_attention``). A dense mask makes every query pay for
 (registered with HF as ``cope_branch_sdpa``) spares the trunk that: the trunk as one causal sdpa call, then the
 M = sum_i m_i branch tokens as one masked call over the row's first n + M columns, i.e. about n^2/2 + M (n + M)
 instead of (n + M)^2, on views of the keys and values (one sdpa call per branch over ``trunk[:trunk_end] + itself``
-needed a copy of that trunk prefix per branch, kept until the backward: at 20 turns the joint forecast's step peaked
-at 1.46x a GRPO step's memory with those copies and at 1.15x without, docs/results/signal_cost_cpu.md).
+would need a copy of that trunk prefix per branch, kept until the backward; ``benchmarks/signal_cost.py`` measures
+the memory).
 ``block_attention(model)`` switches a HF model to an attention implementation that takes a block mask for the
 duration of a call (flex attention on CUDA when PyTorch has it; eager models keep eager with the additive mask;
 ``cope_branch_sdpa`` otherwise) and yields the matching mask builder; flash-attention kernels cannot take one.

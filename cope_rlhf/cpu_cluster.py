@@ -13,9 +13,9 @@ each piece handles (OpenRLHF 0.11.2, DeepSpeed 0.19; DeepSpeed picks its CPU acc
 - ``convert_to_torch_dtype_with_fp32``: ``--ds.param_dtype fp32`` (the CLI accepts it on a host without CUDA), the
   model loaded in float32; DeepSpeed's config then enables neither bf16 nor fp16, so it trains in fp32. On a CPU
   without native bfloat16 (no AVX512-BF16 / AMX, e.g. AVX2-only EPYCs) torch multiplies bf16 matrices in a scalar
-  fallback: there a PPO micro-step of the quickstart's model took 8.8x as long in bf16 as in fp32
-  (``benchmarks/cpu_param_dtype.py``, docs/results/cpu_param_dtype.md). The vLLM engine stays in bf16 (OpenRLHF starts it so); ``cpu_vllm`` casts the fp32 weights it
-  receives, as a GPU engine gets bf16 copies of fp32 master weights.
+  fallback, several times slower than fp32 (``benchmarks/cpu_param_dtype.py`` measures it). The vLLM engine stays
+  in bf16 (OpenRLHF starts it so); ``cpu_vllm`` casts the fp32 weights it receives, as a GPU engine gets bf16 copies
+  of fp32 master weights.
 - ``train_ds_config_with_torch_adam``: DeepSpeed builds FusedAdam (a JIT-compiled CUDA op) for an AdamW config
   unless ``torch_adam`` is set; with it, the optimizer is ``torch.optim.AdamW``. ``COPE_ZERO3_RELEASE_PARAMS=1``
   also makes ZeRO-3 release every parameter between forwards (tests: a tiny model would otherwise stay gathered).
@@ -25,7 +25,7 @@ each piece handles (OpenRLHF 0.11.2, DeepSpeed 0.19; DeepSpeed picks its CPU acc
   ``cpu_vllm.GlooBroadcastGroup``, whose receiving side is ``cpu_vllm.CPUWorkerWrap``.
 
 The flags a CPU run needs besides these (attention, sync backend, no sleep modes, eager vLLM, no EMA, no packing)
-are checked by ``cli.train_ppo_ray.cpu_preset_error`` before anything starts.
+are checked by ``cli.args.cpu_preset_error`` before anything starts.
 """
 
 from __future__ import annotations

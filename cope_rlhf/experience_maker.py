@@ -25,7 +25,7 @@ switch off this is exactly OpenRLHF's method; the one addition is a warning (``a
 per run) when stock group_norm meets equal rewards that it turns into rounding-made advantages, pointing to
 ``--cope.grpo_filter_degenerate``. With the filter on (and information gain off), a warning when every group was
 degenerate in ``ALL_FILTERED_WARN`` batches in a row (then every 10th): such steps have no policy-gradient term, and
-a policy that plays every prompt deterministically stays so (docs/results/quickstart_diagnosis.md point 33).
+a policy that plays every prompt deterministically stays so.
 
 ``cope/kl_all_rows`` (the filter on, the KL as a loss): the mean over every row of the batch of its token-mean
 KL(rollout policy || reference), by the loss's estimator. ``train/kl`` is the loss's KL, averaged over the rows left
@@ -43,7 +43,7 @@ import torch
 from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-from cope_rlhf.actor import FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY
+from cope_rlhf.batch_keys import FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY
 from cope_rlhf.advantage import filter_degenerate_groups, info_gates, rounding_noise_frac
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.forecast import forecast_weights, load_action_format

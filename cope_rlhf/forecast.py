@@ -37,7 +37,7 @@ The loss runs branch-packed (``forecast_loss``, ``pack_forecast_samples``): a sa
 ``prefix_len`` tokens plus a short branch (plan-ahead message and target), so a trajectory's samples run as one row,
 the trajectory once and each sample's branch after it (``cope_rlhf.branches``), the LM head only at the columns that
 predict a target token. A truncated sample shares nothing (``prefix_len`` 0). The loss and its gradient equal the
-per-sample computation (one collated row per sample), the reference in ``tests/signal_references.py``.
+per-sample computation (one collated row per sample), the reference in ``cope_rlhf/signal_references.py``.
 """
 
 from __future__ import annotations

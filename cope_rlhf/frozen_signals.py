@@ -14,7 +14,7 @@ With both signals on, the trunk runs once for the two. ``rows_per_forward`` traj
 (``INFO_KL_BATCH``, ``TE_MICRO_BATCH_SIZE_PER_GPU``, the smaller when both are on); the LM head runs only at the
 columns read. A row whose attention mask has holes cannot be packed and is refused (``branches.contiguous_span``);
 OpenRLHF's experiences are left- or right-padded. The per-turn and per-sample computations these values equal
-(float32, 1e-5) are the references in ``tests/signal_references.py``.
+(float32, 1e-5) are the references in ``cope_rlhf/signal_references.py``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def frozen_signals(
     for i, row_samples in enumerate(samples or []):
         kept, cuts, trimmed = later_forecasts(row_samples)
         if kept:
-            (request,) = member_requests(kept, cuts)[1]  # one trajectory's samples: one request
+            (request,) = member_requests(kept, cuts)  # one trajectory's samples: one request
             forecasts_of[i] = cuts, trimmed
             requests.setdefault(i, []).append(request)
     order = sorted(requests)

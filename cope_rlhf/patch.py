@@ -18,13 +18,14 @@ and, only on a host without CUDA (``CPU_SWAPS``: OpenRLHF's real Ray path on CPU
     openrlhf.trainer.ray.vllm_engine.RolloutRayActor              -> cope_rlhf.cpu_vllm.CPURolloutRayActor
 
 OpenRLHF builds these classes from those module globals: the experience maker and the samples generator in
-``BasePPOTrainer.__init__`` / ``PPOTrainer.__init__`` (inside the PPOTrainer Ray actor), the PPOTrainer Ray actor in ``train()`` (driver), the PPO trainer in ``PolicyModelActor.init_model_from_pretrained`` (inside
-each actor worker), the actor class in ``train()`` (driver). Ray workers import OpenRLHF afresh, so a swap
+``BasePPOTrainer.__init__`` / ``PPOTrainer.__init__`` (inside the PPOTrainer Ray actor), the PPOTrainer Ray actor in
+``train()`` (driver), the PPO trainer in ``PolicyModelActor.init_model_from_pretrained`` (inside each actor worker),
+the actor class in ``train()`` (driver). Ray workers import OpenRLHF afresh, so a swap
 made in the driver does not reach them: ``install`` is also the Ray ``worker_process_setup_hook``
 (``ray_init_with_hook`` adds it to OpenRLHF's own ``ray.init`` call). ``install`` only registers a post-import
 hook (it imports nothing from OpenRLHF), so workers that never import those modules pay nothing. (Importing them
 eagerly in the hook would be simpler, but every Ray worker would pay for it, the idle ones Ray keeps in its pool
-too: importing the four OpenRLHF modules took 17 s of CPU in one process on a busy 2-core host, 2026-12-02.)
+too, and importing the OpenRLHF modules costs seconds of CPU per process.)
 
 The subclasses read their switches from ``strategy.args.cope``; with every switch off (or no ``cope``
 namespace at all) each override returns what OpenRLHF's own method returns. ``install`` is idempotent.

@@ -40,6 +40,13 @@ import urllib.error
 import urllib.request
 from typing import List, Optional
 
+if __name__ == "__main__":  # run as a command: known-benign library notices off before torch prints one (quiet.py)
+    from cope_rlhf.quiet import hide_benign_notices
+
+    hide_benign_notices()
+
+from cope_rlhf.cli.args import build_parser, combination_error, cpu_preset_error  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HUB = ("huggingface.co", 443)
 CHECKPOINT_PER_WEIGHT_BYTE = 7  # (2 bf16 + 4 fp32 master + 2 x 4 Adam) / 2 bytes per parameter of the bf16 weights
@@ -215,7 +222,7 @@ def agent_and_gateway_problems(args: argparse.Namespace, check_gateway: bool) ->
 
 
 def secret_problems() -> List[str]:
-    from env_gateway.servers._base import read_secret_file
+    from env_gateway.secret_file import read_secret_file
 
     found = []
     files = [os.environ.get("COPE_GATEWAY_TOKEN_FILE")]
@@ -257,8 +264,6 @@ def folder_problems(args: argparse.Namespace) -> List[str]:
 
 def problems(args: argparse.Namespace, check_gateway: bool = True) -> List[str]:
     """Every problem the preflight finds in these (flat, parsed) ``train_ppo_ray`` args; [] when none."""
-    from cope_rlhf.cli.train_ppo_ray import combination_error, cpu_preset_error
-
     found = [p for p in (combination_error(args), cpu_preset_error(args)) if p]
     for check in (gpu_problems, model_problems, dataset_problems, folder_problems):
         found += check(args)
@@ -305,8 +310,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     check_gateway = "--no-gateway" not in argv
     argv = [a for a in argv if a != "--no-gateway"]
-    from cope_rlhf.cli.train_ppo_ray import build_parser
-
     args = build_parser().parse_args(argv)
     found = problems(args, check_gateway)
     if found:

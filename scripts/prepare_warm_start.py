@@ -81,15 +81,14 @@ def main(argv: list[str] | None = None) -> dict:
                              "half of the time)")
     parser.add_argument("--epochs", type=int, default=16,
                         help="SFT epochs (default 16: at 6 the tiny model's per-token loss looks converged while its "
-                             "one decision token per reply is still near chance; docs/results/quickstart_diagnosis.md)")
+                             "one decision token per reply is still near chance)")
     parser.add_argument("--sft-lr", type=float, default=2e-3)
     parser.add_argument("--sft-schedule", default="cosine", choices=["constant", "cosine", "linear"],
                         help="SFT learning-rate schedule (cosine: the tiny model then tells blind states from ones "
                              "that show the goal; constant leaves it guessing)")
     parser.add_argument("--sft-bf16", action="store_true",
-                        help="SFT under bfloat16 autocast: 11 s instead of 20 s per epoch of the quickstart's demos "
-                             "on 2 cores with AMX, but a warm start of 0.425 held-out instead of 0.615 (loss 0.092 vs "
-                             "0.070 after 16 epochs; docs/results/quickstart_diagnosis.md point 30)")
+                        help="SFT under bfloat16 autocast: faster on a CPU with AMX / AVX512-BF16, but it ends at a "
+                             "higher loss and a weaker warm start")
     parser.add_argument("--seed", type=int, default=0, help="model weights and SFT order")
     parser.add_argument("--hidden-size", type=int, default=128,
                         help="the model's width, a multiple of 64 (default 128: the quickstart's 0.66M parameters)")
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     from scripts.make_itemids import write_item_rows
     from cope_rlhf.local.sft import train as sft
     from scripts.make_tiny_model import main as make_tiny_model
-    from env_gateway.servers.process import EnvServerProcess
+    from env_gateway.process import EnvServerProcess
     from tqdm import tqdm
 
     data = os.path.join(args.out, "data")
@@ -154,4 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    from cope_rlhf.quiet import hide_benign_notices
+
+    hide_benign_notices()  # known-benign library notices off before torch prints one (cope_rlhf/quiet.py)
     main()

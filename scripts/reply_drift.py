@@ -19,7 +19,7 @@ by the reply text before it:
 
 and prints, per part, the token count and the mean and largest KL. RL that only reweighs which action to take moves
 "action"; a collapse of the format shows as KL in "thought" / "to-action" / "end" (e.g. replies that no longer
-stop after the action). Used in docs/results/quickstart_diagnosis.md point 27.
+stop after the action).
 """
 
 from __future__ import annotations

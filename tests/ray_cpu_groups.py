@@ -8,7 +8,7 @@ setup_distributed`` sets a CUDA device and builds a "cuda" device mesh), so they
 - ``CPUStandInModelActor``: a Ray actor over OpenRLHF's own ``Actor`` wrapper of a local HF checkpoint, with the
   surface the experience maker calls: ``forward`` (as ``PolicyModelActor.forward``, minus CUDA),
   ``execute_batch`` (OpenRLHF's ``BaseModelActor``), ``empty_cache``, and CoPE's remote methods, inherited from
-  ``cope_rlhf.actor.CoPEActorMethods`` — the same code the CoPE policy actor runs.
+  ``cope_rlhf.actor_forwards.CoPEActorMethods`` — the same code the CoPE policy actor runs.
 - ``cpu_groups``: OpenRLHF's real ``RayActorGroup``s of one such actor each, with zero GPUs.
 """
 
@@ -22,7 +22,7 @@ from openrlhf.models import Actor
 from openrlhf.trainer.ray.launcher import BaseModelActor, RayActorGroup
 from transformers import AutoModelForCausalLM
 
-from cope_rlhf.actor import CoPEActorMethods
+from cope_rlhf.actor_forwards import CoPEActorMethods
 
 
 class StandInStrategy:

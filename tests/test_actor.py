@@ -21,19 +21,20 @@ from openrlhf.trainer.ray import ppo_actor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.utils.config import hierarchize
 
-from cope_rlhf import actor as actor_module
-from cope_rlhf.actor import (FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY, SIGNALS_KEY, UPDATES_STATE, CoPEActorMethods,
-                             CoPEActorPPOTrainer, CoPEPolicyModelActor)
+from cope_rlhf import actor_forecast
+from cope_rlhf.actor import UPDATES_STATE, CoPEActorPPOTrainer, CoPEPolicyModelActor
+from cope_rlhf.actor_forwards import CoPEActorMethods
+from cope_rlhf.batch_keys import FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY, SIGNALS_KEY
 from cope_rlhf.advantage import (DEGENERATE_STD, filter_degenerate_groups, group_reward_std, info_gates,
                                  zero_action_mask)
-from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.cli.args import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.turns import unpadded_trajectories
 from cope_rlhf.forecast import build_forecast_samples, forecast_weights
 from cope_rlhf.info_gain import position_ids_for
 from cope_rlhf.temporal_ensemble import TOP_M, collect_members, mixture_target, te_kl, te_lambda
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.signal_references import (assert_same_top_m, collate_forecast_samples, forecast_nll,
+from cope_rlhf.signal_references import (assert_same_top_m, collate_forecast_samples, forecast_nll,
                                      forecast_samples_from_experiences, per_sample_forecast_loss,
                                      per_sample_member_logits, per_turn_info_gain)
 from tests.tiny_hf import agent_response, stock_grpo, to_experience
@@ -293,7 +294,7 @@ def test_te_lambda_zero_is_diagnostic_only(batch, model_dir, tok, monkeypatch, o
 
 def with_forecast_weights(experience, tok, args):
     """The experience as the maker hands it over with the forecast on (each row's weight), and the samples the actor
-    builds from it (the whole-batch reference, tests/signal_references.py)."""
+    builds from it (the whole-batch reference, cope_rlhf/signal_references.py)."""
     experience = copy.deepcopy(experience)
     config = CoPEConfig.from_args(args)
     experience.info[FORECAST_WEIGHT_KEY] = forecast_weights([experience], tok, config, N)[0][0]
@@ -325,7 +326,7 @@ def test_forecast_pass_lowers_forecast_nll(batch, model_dir, tok, monkeypatch, o
     assert not cope.__dict__.get("cope_forecast_samples")  # used once, then dropped
 
 
-# --- The actor's packed signals: the values of the per-turn / per-sample references (tests/signal_references.py) ---
+# --- The actor's packed signals: the values of the per-turn / per-sample references (cope_rlhf/signal_references.py) ---
 
 
 def mask_dims(model):
@@ -442,7 +443,7 @@ def test_forecast_step_equals_per_sample_reference(batch, model_dir, tok, monkey
         with monkeypatch.context() as m:
             if path == "reference":  # the model's own attention, one collated row per sample
                 m.setattr(trainer, "_cope_attention", lambda: contextlib.nullcontext(None))
-                m.setattr(actor_module, "forecast_loss", lambda logits_fn, part, coef, build, device:
+                m.setattr(actor_forecast, "forecast_loss", lambda logits_fn, part, coef, build, device:
                           per_sample_forecast_loss(logits_fn, part, coef, tok.pad_token_id, device))
             dims = mask_dims(trainer.actor.model)
             before = params(trainer)
@@ -525,22 +526,30 @@ def test_filter_empty_micro_batches_equal_training_on_kept_samples(tok, model_di
         torch.testing.assert_close(cope_params[name], value, atol=1e-6, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("rewards", [[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
-def test_filter_takes_rows_out_of_the_te_term(rewards, tok, model_dir, monkeypatch, on_cpu):
-    """A row of a degenerate group leaves TE's term too (not only PPO's): it gets no TE members, so with every
-    group degenerate TE (lambda 1, no warm-up, every trajectory drawn) changes no weight; kept rows keep theirs."""
+def append_filtered(tok, model_dir, monkeypatch, rewards, *flags):
+    """A trainer with TE on (lambda 1, no warm-up, every trajectory drawn) and ``flags``, handed a two-group batch
+    that the filter marked as the maker does; returns (trainer, the rows it marked, whether each row got members)."""
     experience = mixed_batch(tok, model_dir, rewards)
     drops = degenerate_rows(experience)
-    experience.info[FILTERED_KEY] = drops[0]  # the maker's mark; append zeroes the rows' action masks
+    experience.info[FILTERED_KEY] = drops[0]  # the maker's mark
+    experience.info[INFO_BETA_KEY] = info_gates([experience], N, 0.1, 0.05)[0]  # read only with info gain on
     args = cli_args("--cope.grpo_filter_degenerate", "--cope.te_enable", "--cope.te_lambda", "1.0",
-                    "--cope.te_warmup_steps", "0", "--train.micro_batch_size", "2")
+                    "--cope.te_warmup_steps", "0", *flags)
     trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
     actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
     actor.trainer = trainer
     actor.append(copy.deepcopy(experience))
     covered = [len(trainer.cope_signals[int(item.info[SIGNALS_KEY])]["members"]["positions"]) > 0
                for item in trainer.replay_buffer.items]
-    assert covered == [not drop for drop in drops[0].tolist()]
+    return trainer, drops[0].tolist(), covered
+
+
+@pytest.mark.parametrize("rewards", [[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+def test_filter_takes_rows_out_of_the_te_term(rewards, tok, model_dir, monkeypatch, on_cpu):
+    """A row of a degenerate group leaves TE's term too (not only PPO's): append zeroes its action mask and it gets
+    no TE members, so with every group degenerate TE changes no weight; kept rows keep theirs."""
+    trainer, drops, covered = append_filtered(tok, model_dir, monkeypatch, rewards, "--train.micro_batch_size", "2")
+    assert covered == [not drop for drop in drops]
     before = params(trainer)
     torch.manual_seed(0)
     status = trainer.ppo_train(kl_ctl=0.0)
@@ -555,20 +564,10 @@ def test_filter_takes_rows_out_of_the_te_term(rewards, tok, model_dir, monkeypat
 def test_filter_with_info_gain_keeps_the_mask_but_gives_no_te_term(tok, model_dir, monkeypatch, on_cpu):
     """With information gain on, a degenerate group's rows keep their action mask (their advantage is the info term
     alone) but, having no extrinsic signal, get no TE members (they used to: TE pulled on rows with zero advantage)."""
-    experience = mixed_batch(tok, model_dir, [1.0, 1.0, 0.0, 1.0])
-    drops = degenerate_rows(experience)
-    experience.info[FILTERED_KEY] = drops[0]
-    experience.info[INFO_BETA_KEY] = info_gates([experience], N, 0.1, 0.05)[0]
-    args = cli_args("--cope.grpo_filter_degenerate", "--cope.te_enable", "--cope.te_lambda", "1.0",
-                    "--cope.te_warmup_steps", "0", "--cope.info_intrinsic_weight", "0.1")
-    trainer = make_trainer(CoPEActorPPOTrainer, args, model_dir, tok, monkeypatch)
-    actor = object.__new__(CoPEPolicyModelActor.__ray_actor_class__)
-    actor.trainer = trainer
-    actor.append(copy.deepcopy(experience))
-    items = trainer.replay_buffer.items
-    assert all(item.action_mask.any() for item in items)  # every mask kept, the filtered rows' too
-    covered = [len(trainer.cope_signals[int(item.info[SIGNALS_KEY])]["members"]["positions"]) > 0 for item in items]
-    assert drops[0].any() and covered == [not drop for drop in drops[0].tolist()]
+    trainer, drops, covered = append_filtered(tok, model_dir, monkeypatch, [1.0, 1.0, 0.0, 1.0],
+                                              "--cope.info_intrinsic_weight", "0.1")
+    assert all(item.action_mask.any() for item in trainer.replay_buffer.items)  # every mask kept, filtered rows' too
+    assert any(drops) and covered == [not drop for drop in drops]
 
 
 def test_filter_empty_window_without_precomputed_normaliser(tok, model_dir, monkeypatch, on_cpu):

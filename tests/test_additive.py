@@ -24,7 +24,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 from openrlhf.utils.config import hierarchize
 
 from cope_rlhf.actor import CoPEActorPPOTrainer, CoPEPolicyModelActor
-from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.cli.args import build_parser
 from cope_rlhf.experience_maker import CoPEExperienceMaker
 from tests.conftest import ROOT
 from tests.ray_cpu_groups import StandInStrategy

@@ -11,7 +11,7 @@ from cope_rlhf.advantage import (add_info_bonus, filter_degenerate_groups, group
                                  rounding_noise_frac, zero_action_mask)
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.frozen_signals import frozen_signals
-from tests.signal_references import add_info_gated_advantage
+from cope_rlhf.signal_references import add_info_gated_advantage
 from tests.tiny_hf import agent_response, hf_logits_fn, stock_grpo, tiny_model, tiny_tokenizer, to_experience
 
 
@@ -169,7 +169,7 @@ def test_info_gate_opens_where_grpo_is_silent():
     assert batch[0].advantages[0, 0].item() == 0.0 and batch[0].advantages[0, 3].item() == 0.0
     small = 0.1 * math.exp(-math.sqrt(0.5) / 0.05)
     assert float(torch.cat(betas).mean()) == pytest.approx((0.1 + small) / 2, rel=1e-5)
-    # the whole-batch reference (tests/signal_references.py) gives the same advantages
+    # the whole-batch reference (cope_rlhf/signal_references.py) gives the same advantages
     for r, e in zip(reference, batch):
         r.rewards, r.index = e.rewards, e.index
     metrics = add_info_gated_advantage(reference, intrinsic, 2, weight=0.1, gate_temp=0.05)

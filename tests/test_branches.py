@@ -1,5 +1,5 @@
 """Branch packing: the production signals (``frozen_signals``: info gain and TE members; ``forecast.forecast_loss``:
-loss and gradients) equal the per-turn / per-sample references of ``tests/signal_references.py`` (float32, 1e-5) on a
+loss and gradients) equal the per-turn / per-sample references of ``cope_rlhf/signal_references.py`` (float32, 1e-5) on a
 small real HF model, for trajectories of 1, 3 and 20 turns, padded left and right, with a turn cut by the context
 window."""
 
@@ -20,7 +20,7 @@ from cope_rlhf.frozen_signals import frozen_signals
 from cope_rlhf.info_gain import plan_probes
 from cope_rlhf.temporal_ensemble import TOP_M, collect_members, te_status
 from cope_rlhf.turns import turn_spans, unpadded_trajectories
-from tests.signal_references import assert_same_top_m, per_sample_forecast_loss, per_turn_info_gain
+from cope_rlhf.signal_references import assert_same_top_m, per_sample_forecast_loss, per_turn_info_gain
 from tests.tiny_hf import agent_response, hf_logits_fn, tiny_model, to_experience
 
 P = 6

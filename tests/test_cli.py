@@ -12,6 +12,7 @@ import torch
 
 import openrlhf.utils
 from cope_rlhf import patch
+from cope_rlhf.cli import args as cli_args
 from cope_rlhf.cli import train_ppo_ray as cli
 from cope_rlhf.config import CoPEConfig
 from tests.conftest import ROOT
@@ -19,7 +20,7 @@ from tests.conftest import ROOT
 COPE_FLAGS = [f"--cope.{f.name}" for f in dataclasses.fields(CoPEConfig)]
 GRPO = ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4"]
 AGENT = ["--train.agent_func_path", "agent_funcs/babyai.py"]
-# What a run on a host without CUDA needs besides OpenRLHF's defaults (cli.cpu_preset_error)
+# What a run on a host without CUDA needs besides OpenRLHF's defaults (cli.args.cpu_preset_error)
 CPU = ["--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo", "--vllm.enforce_eager"]
 
 
@@ -92,15 +93,15 @@ def test_flags_not_the_environment(monkeypatch):
     """The trainer reads its CoPE settings from flags only (the launchers turn the variables into flags)."""
     monkeypatch.setenv("ACTION_FORECAST_K", "5")
     monkeypatch.setenv("INFO_INTRINSIC_WEIGHT", "0.1")
-    assert CoPEConfig.from_args(cli.build_parser().parse_args(GRPO + AGENT)) == CoPEConfig()
-    config = CoPEConfig.from_args(cli.build_parser().parse_args(GRPO + AGENT + ["--cope.action_forecast_k", "2"]))
+    assert CoPEConfig.from_args(cli_args.build_parser().parse_args(GRPO + AGENT)) == CoPEConfig()
+    config = CoPEConfig.from_args(cli_args.build_parser().parse_args(GRPO + AGENT + ["--cope.action_forecast_k", "2"]))
     assert config.action_forecast_k == 2 and config.info_intrinsic_weight == 0.0
 
 
 def test_filter_alone_needs_no_agent_func():
-    args = cli.build_parser().parse_args(GRPO + ["--cope.grpo_filter_degenerate"])
-    assert cli.combination_error(args) is None
-    assert cli.combination_error(cli.build_parser().parse_args(["--algo.advantage.estimator", "gae"])) is None
+    args = cli_args.build_parser().parse_args(GRPO + ["--cope.grpo_filter_degenerate"])
+    assert cli_args.combination_error(args) is None
+    assert cli_args.combination_error(cli_args.build_parser().parse_args(["--algo.advantage.estimator", "gae"])) is None
 
 
 class _TrainReached(Exception):
@@ -145,26 +146,26 @@ def test_valid_args_reach_openrlhf_train(monkeypatch, no_patch_left):
     (CPU + ["--ds.param_dtype", "fp16", "--ds.adam_offload"], ["--ds.param_dtype fp32", "no --ds.adam_offload"]),
 ])
 def test_cpu_host_names_every_missing_flag(extra, needs):
-    args = cli.build_parser().parse_args(GRPO + extra)
-    problem = cli.cpu_preset_error(args, cuda=False)
+    args = cli_args.build_parser().parse_args(GRPO + extra)
+    problem = cli_args.cpu_preset_error(args, cuda=False)
     assert problem.startswith("this host has no CUDA device")
     for need in needs:
         assert need in problem, (need, problem)
     assert problem.count(";") == len(needs) - 1  # nothing else is asked for
-    assert cli.cpu_preset_error(args, cuda=True) is None  # a CUDA host keeps OpenRLHF's defaults
+    assert cli_args.cpu_preset_error(args, cuda=True) is None  # a CUDA host keeps OpenRLHF's defaults
 
 
 def test_cpu_preset_is_enough():
-    args = cli.build_parser().parse_args(GRPO + AGENT + CPU + ["--vllm.num_engines", "1"])
-    assert cli.cpu_preset_error(args, cuda=False) is None
+    args = cli_args.build_parser().parse_args(GRPO + AGENT + CPU + ["--vllm.num_engines", "1"])
+    assert cli_args.cpu_preset_error(args, cuda=False) is None
 
 
 def test_cpu_ray_resources_cover_every_group():
-    args = cli.build_parser().parse_args(GRPO + CPU + [
+    args = cli_args.build_parser().parse_args(GRPO + CPU + [
         "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "1", "--reward.num_gpus_per_node", "1",
         "--vllm.num_engines", "2", "--vllm.tensor_parallel_size", "2"])
     assert cli.cpu_ray_resources(args)["num_gpus"] == 2 + 1 + 1 + 2 * 2
-    args = cli.build_parser().parse_args(GRPO + CPU + ["--critic.model_name_or_path", "x", "--critic.num_nodes", "2",
+    args = cli_args.build_parser().parse_args(GRPO + CPU + ["--critic.model_name_or_path", "x", "--critic.num_nodes", "2",
                                                        "--critic.num_gpus_per_node", "3"])
     assert cli.cpu_ray_resources(args)["num_gpus"] == 3 * 8 + 6
 

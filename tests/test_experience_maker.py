@@ -16,17 +16,18 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 from openrlhf.utils.config import hierarchize
 
-from cope_rlhf.actor import (FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY, CoPEActorPPOTrainer,
-                             CoPEPolicyModelActor)
+from cope_rlhf.actor import CoPEActorPPOTrainer, CoPEPolicyModelActor
+from cope_rlhf.batch_keys import FILTERED_KEY, FORECAST_WEIGHT_KEY, INFO_BETA_KEY
 from cope_rlhf.advantage import filter_degenerate_groups, info_gates
-from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.cli.args import build_parser
 from cope_rlhf.config import CoPEConfig
 from cope_rlhf.cpu_cluster import CPUReplayBuffer
 from cope_rlhf.experience_maker import CoPEExperienceMaker
 from cope_rlhf.turns import turn_spans
 from tests.conftest import ROOT
 from tests.ray_cpu_groups import StandInStrategy, load_actor
-from tests.signal_references import add_info_gated_advantage, forecast_samples_from_experiences, per_turn_info_gain
+from cope_rlhf.signal_references import (add_info_gated_advantage, forecast_samples_from_experiences,
+                                         per_turn_info_gain)
 from tests.tiny_hf import agent_response, to_experience
 
 AGENT_FUNC = os.path.join(ROOT, "agent_funcs", "babyai.py")  # the maker reads its action format

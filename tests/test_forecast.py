@@ -20,7 +20,7 @@ from cope_rlhf.forecast import (
     trajectory_gate,
 )
 from cope_rlhf.turns import turn_spans, unpadded_trajectories
-from tests.signal_references import forecast_samples_from_experiences, group_norm_weights
+from cope_rlhf.signal_references import forecast_samples_from_experiences, group_norm_weights
 from tests.tiny_hf import agent_response, tiny_model, to_experience
 
 OBS = ["Go to the red ball.", "You see a door.", "Nothing happens.", "The door opens.", "Done."]

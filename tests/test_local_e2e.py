@@ -140,6 +140,7 @@ def test_resume_continues_the_run(finished_run, warm_model):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # two whole runs, after the warm model when this test builds it
 def test_the_same_command_trains_the_same_run(warm_model, tmp_path):
     """Seeded sampling (cope_rlhf.seeds): two runs of one command roll out the same episodes, so every step metric
     (rewards, response lengths, losses, the CoPE metrics) and every held-out episode are equal, and the trained
@@ -192,7 +193,7 @@ def test_defaults_preset_and_the_users_flags(tmp_path):
     assert args["train.agent_func_path"] == os.path.join(ROOT, "agent_funcs", "babyai.py")
     assert args["cope.eval_dispatch_size"] == 128 and not args["cope.eval_first_and_last"]  # no held-out set
     assert "--env" not in train_argv and not any(a.startswith("--local.") for a in train_argv)
-    from cope_rlhf.cli.train_ppo_ray import build_parser, cpu_preset_error
+    from cope_rlhf.cli.args import build_parser, cpu_preset_error
 
     parsed = build_parser().parse_args(train_argv)  # the real CLI accepts it as is
     assert cpu_preset_error(parsed, cuda=False) is None

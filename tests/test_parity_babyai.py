@@ -127,3 +127,15 @@ def test_compact_text_has_agentgyms_goals(compact, reference):
     report = f"compact goal: {len(ITEMS) - len(bad)}/{len(ITEMS)}" + (f" (first mismatch: {bad[0]})" if bad else "")
     print("\n" + report)
     assert not bad, report
+
+
+def test_item_ids_past_40000_match_agentgyms(builtin, reference):
+    """AgentGym serves any data_idx >= 0 (seed data_idx // 40, past the 1000 seeds of the splits): the same items,
+    the same first observation (the built-in refused them: "'data_idx' 92400 is out of range [0, 40000)")."""
+    session = Session(builtin, reference)
+    try:
+        for data_idx in (40_000, 92_400, 123_457):
+            ours, theirs = session.call("/reset", data_idx=data_idx)
+            assert ours == theirs, (data_idx, ours, theirs)
+    finally:
+        session.close()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cope_rlhf import preflight
-from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.cli.args import build_parser
 from env_gateway.fake_backend import FakeBackendProcess
 from tests.conftest import ROOT, write_jsonl
 from tests.gateway_proc import GatewayProcess

@@ -32,8 +32,9 @@ from openrlhf.utils.config import hierarchize
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 from transformers import AutoTokenizer
 
-from cope_rlhf.actor import INFO_BETA_KEY, CoPEActorPPOTrainer
-from cope_rlhf.cli.train_ppo_ray import build_parser
+from cope_rlhf.actor import CoPEActorPPOTrainer
+from cope_rlhf.batch_keys import INFO_BETA_KEY
+from cope_rlhf.cli.args import build_parser
 from cope_rlhf.cpu_cluster import CPUReplayBuffer
 from cope_rlhf.forecast import build_forecast_samples
 from cope_rlhf.turns import unpadded_trajectories

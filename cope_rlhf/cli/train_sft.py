@@ -18,8 +18,8 @@ loss on every assistant turn):
         --data.input_key messages --data.apply_chat_template --data.multiturn --ds.attn_implementation sdpa \\
         --ds.param_dtype fp32 --train.micro_batch_size 8 --train.batch_size 8 --ckpt.output_dir models/tiny-sft
 
-Measured on 2 CPU cores with AMX (the quickstart's 300 BabyAI demos, the tiny model, bf16): 46 s per epoch against
-19 s for ``python -m cope_rlhf.local sft`` (fp32 torch in one process), which is why the quickstart keeps the latter.
+The quickstart's warm start uses ``python -m cope_rlhf.local sft`` (fp32 torch in one process, no DeepSpeed), which
+is faster for its tiny model on a CPU.
 """
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ import runpy
 import sys
 from typing import List, Optional
 
-import torch
+if __name__ == "__main__":  # run as a command: known-benign library notices off before torch prints one (quiet.py)
+    from cope_rlhf.quiet import hide_benign_notices
+
+    hide_benign_notices()
+
+import torch  # noqa: E402
 
 OPENRLHF_CLI = "openrlhf.cli.train_sft"
 # MASTER_PORT 0: the lone rank's rendezvous store listens on a port the OS picks, since no other rank needs to find
@@ -43,7 +48,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not torch.cuda.is_available():
         from cope_rlhf import patch
-        from cope_rlhf.cli.train_ppo_ray import accept_fp32_on_cpu, cpu_preset_error
+        from cope_rlhf.cli.args import accept_fp32_on_cpu, cpu_preset_error, run_openrlhf_cli
 
         patch.install()
         for key, value in ONE_PROCESS_GROUP.items():
@@ -58,11 +63,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 self.error(problem)
             return parsed
 
-        argparse.ArgumentParser.parse_args = parse_checked
-        try:
-            runpy.run_module(OPENRLHF_CLI, run_name="__main__", alter_sys=False)
-        finally:
-            argparse.ArgumentParser.parse_args = original
+        run_openrlhf_cli(OPENRLHF_CLI, parse_checked)
         return
     sys.argv = [OPENRLHF_CLI, *argv]
     runpy.run_module(OPENRLHF_CLI, run_name="__main__", alter_sys=False)

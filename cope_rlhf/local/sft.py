@@ -11,9 +11,8 @@ them out (agent_funcs/base.py): the chat template's text, cut at each agent repl
 and the loss is the mean next-token cross-entropy over the reply pieces only (replies after the first
 observation; the acknowledgement belongs to the prompt). AdamW with a constant (default) or decaying learning rate
 (``--schedule``), a fixed seed, padded batches sorted by length. ``--bf16``: the forward and backward under bfloat16
-autocast (weights, gradients and optimizer stay float32); on a CPU with AMX / AVX512-BF16 an epoch of the
-quickstart's demos takes 10-11 s instead of 17-20 s, but ends at a higher loss and another warm start
-(docs/results/quickstart_diagnosis.md, point 30).
+autocast (weights, gradients and optimizer stay float32): faster on a CPU with AMX / AVX512-BF16, but it ends at
+a higher loss and so at another warm start.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def add_local_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def train_parser() -> argparse.ArgumentParser:
     """``train_ppo_ray``'s flags, ``--cope.*`` and this front-end's own (for parsing and ``--help``)."""
-    from cope_rlhf.cli.train_ppo_ray import build_parser
+    from cope_rlhf.cli.args import build_parser
 
     parser = add_local_args(build_parser())
     parser.prog = "python -m cope_rlhf.local train"
@@ -85,7 +85,7 @@ def cli_argv(argv: List[str]) -> tuple:
     """(this front-end's settings, the ``train_ppo_ray`` argv, that argv parsed): the defaults here, the preset,
     what the local settings imply, then the user's own flags (the last value of a flag wins). Errors exit with
     code 2 and say what to change."""
-    from cope_rlhf.cli.train_ppo_ray import combination_error
+    from cope_rlhf.cli.args import combination_error
 
     parser = train_parser()
     defaults = [item for key, value in LOCAL_DEFAULTS.items() for item in (f"--{key}", str(value))]
