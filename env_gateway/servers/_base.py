@@ -115,9 +115,10 @@ def http_settings(read_timeout: float) -> dict:
     return {"keepalive_timeout": read_timeout, "lingering_time": 0}
 
 
-def json_errors(env_name: str) -> Callable:
+def json_errors(env_name: str, failure_answer: Callable | None = None) -> Callable:
     """Middleware: RequestError -> its 4xx/503 JSON; aiohttp's own 404/405 -> JSON; any other exception (an env
-    failure) -> a 500 JSON naming the env and the cause (at most 500 characters), logged with its traceback, and the
+    failure) -> ``failure_answer(request, exception)`` when given (the τ² server's: a stable code, the cause only in
+    its log), else a 500 JSON naming the env and the cause (at most 500 characters), logged with its traceback; the
     server keeps serving. Answer and log are ``redact``ed: a library's exception may quote the credentials it was
     called with."""
 
@@ -131,6 +132,8 @@ def json_errors(env_name: str) -> Callable:
             return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
                                      status=e.status)
         except Exception as e:
+            if failure_answer is not None:
+                return failure_answer(request, e)
             log.error("%s: %s %s failed\n%s", env_name, request.method, request.path,
                       redact("".join(traceback.format_exception(e))).rstrip())
             cause = redact(f"{type(e).__name__}: {e}")

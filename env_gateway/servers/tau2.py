@@ -87,7 +87,8 @@ from typing import Any, Callable, Protocol
 from aiohttp import web
 
 from env_gateway.secret_file import SECRETS, read_secret_file
-from env_gateway.servers._base import RequestError, bound_socket, integer_field, json_body, reap_idle, short
+from env_gateway.servers._base import (RequestError, bound_socket, integer_field, json_body, json_errors,
+                                       reap_idle, short)
 
 log = logging.getLogger("env_gateway.servers.tau2")
 
@@ -165,28 +166,14 @@ class ScrubbingFormatter(logging.Formatter):
         return scrub(super().format(record))
 
 
-def tau2_errors() -> Callable:
-    """Middleware: RequestError -> its 4xx JSON; aiohttp's own 404/405 -> JSON; any other exception -> 500 with a
-    stable code and ``FAILURES``' fixed reason (``internal_error`` for one no stage named), its cause and traceback
-    logged through ``scrub``; the server keeps serving."""
-
-    @web.middleware
-    async def errors(request: web.Request, handler: Callable) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except RequestError as e:
-            return web.json_response({"error": e.error, "detail": e.detail}, status=e.status)
-        except web.HTTPException as e:
-            return web.json_response({"error": e.reason, "detail": f"{request.method} {request.path}: {e.text}"},
-                                     status=e.status)
-        except Exception as e:
-            failure = e if isinstance(e, Tau2Failure) else Tau2Failure("internal_error")
-            cause = "".join(traceback.format_exception(e.__cause__ or e))
-            log.error("tau2: %s %s failed: %s%s\n%s", request.method, request.path, failure.code,
-                      f" ({scrub(failure.detail)})" if failure.detail else "", scrub(cause).rstrip())
-            return web.json_response({"error": failure.code, "detail": failure.reason}, status=500)
-
-    return errors
+def failure_answer(request: web.Request, e: Exception) -> web.Response:
+    """The τ² server's 500 (``json_errors``' hook): a stable code and ``FAILURES``' fixed reason (``internal_error``
+    for an exception no stage named); its cause and traceback go only to the log, through ``scrub``."""
+    failure = e if isinstance(e, Tau2Failure) else Tau2Failure("internal_error")
+    cause = "".join(traceback.format_exception(e.__cause__ or e))
+    log.error("tau2: %s %s failed: %s%s\n%s", request.method, request.path, failure.code,
+              f" ({scrub(failure.detail)})" if failure.detail else "", scrub(cause).rstrip())
+    return web.json_response({"error": failure.code, "detail": failure.reason}, status=500)
 
 
 def is_loopback(url: str) -> bool:
@@ -591,7 +578,7 @@ class Tau2Server:
                                   "reward_shape": self.reward_shape})
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[tau2_errors()], client_max_size=1 << 20)
+        app = web.Application(middlewares=[json_errors("tau2", failure_answer)], client_max_size=1 << 20)
         app.add_routes([web.get("/", self.handle_health), web.post("/create", self.handle_create),
                         web.post("/reset", self.handle_reset), web.post("/step", self.handle_step),
                         web.get("/observation", self.handle_observation), web.post("/close", self.handle_close)])
