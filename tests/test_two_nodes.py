@@ -65,6 +65,13 @@ def cluster():
     from tests.env_server_proc import require_venv
 
     require_venv("babyai")
+    # `ray stop` (the cluster scripts' stop, and their SIGTERM handler) stops every Ray process of the machine: a
+    # training run beside the suite lost its node to this test once
+    others = subprocess.run(["pgrep", "-f", "ray/core/src/ray/(raylet/raylet|gcs/gcs_server)"], capture_output=True,
+                            text=True).stdout.split()
+    if others:
+        pytest.skip(f"Ray already runs on this machine (pids {', '.join(others)}): these tests stop Ray with `ray "
+                    "stop`, which would stop that cluster too; run them when it is done")
     with two_nodes.TwoNodes() as nodes:
         yield nodes
 
