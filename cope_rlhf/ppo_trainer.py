@@ -15,7 +15,9 @@ OpenRLHF's own, and everything below only reads what they produce.
   ``rollout.batch_size``); on a small machine the engine otherwise idles between turns of a few episodes.
 - Seeds: every rollout and every held-out episode samples with seeds derived from (``train.seed``, the step, the
   prompt, the episode, the turn) (``cope_rlhf.seeds``): ``SeededSamplesGenerator`` (``patch`` puts it where
-  OpenRLHF looks for ``SamplesGenerator``) seeds each prompt's request; this class tells it which step.
+  OpenRLHF looks for ``SamplesGenerator``) seeds each prompt's request; this class tells it which step, and seeds
+  the prompt order (H(train.seed, "prompt order") on torch's generator in this process, which the prompts dataloader
+  shuffles with).
 - ``COPE_TRAIN_STEP_FILE`` (environment): when set, the step being rolled out is written there (through a temporary
   name) before each rollout, for the agent funcs' horizon schedule (``HORIZON_SCHEDULE``). The file must be on a
   filesystem the rollout engines see.
@@ -127,11 +129,14 @@ def write_step_file(path: str, step: int) -> None:
 
 
 class _CoPEPPOTrainer(PPOTrainer.__ray_actor_class__):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, pretrain: str, strategy: Any, *args, **kwargs):
         # Not redundant: Ray ships the actor's __init__ to the worker. Without this one it ships OpenRLHF's, by value,
         # with its own copy of PPOTrainer in ``super()``, while this class (by reference) derives from the worker's
         # PPOTrainer: "super(type, obj): obj must be an instance or subtype of type".
-        super().__init__(*args, **kwargs)
+        # The prompt order: this process has no torch process group, so OpenRLHF's prompts dataloader shuffles with
+        # torch's global generator (not a DistributedSampler with the run's seed), which nothing else here seeds.
+        torch.manual_seed(derive_seed(strategy.args.train.seed, "prompt order"))
+        super().__init__(pretrain, strategy, *args, **kwargs)
 
     @property
     def cope(self) -> CoPEConfig:
