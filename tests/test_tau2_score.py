@@ -418,3 +418,57 @@ def test_the_published_protocol_table_is_the_docs_table():
     section = section[:section.index("\n#", 1)]
     named = re.findall(r"^\| ([a-z0-9 ]+) \|", section, flags=re.M)
     assert [n for n in named if n != "setting"] == list(load("tau2_align_score").PROTOCOL), named
+
+
+# ---- rules the mutation run (scripts/mutation_test.sh scripts/tau2_align_score.py) found unpinned ----------------
+def test_an_item_id_is_everything_after_the_domain_even_with_a_slash_in_it(tmp_path, monkeypatch):
+    """``data/tau2_<domain>_<split>.jsonl`` labels are ``<domain>/<task id>``; a task id may itself hold a slash."""
+    scorer = load("tau2_align_score")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tau2_telecom_odd.jsonl").write_text(
+        '{"prompt": "tau2/telecom/a/b/c", "label": "telecom/a/b/c"}\n\n{"prompt": "tau2/telecom/7", "label": "telecom/7"}\n')
+    monkeypatch.setattr(scorer, "ROOT", str(tmp_path))
+    assert scorer.split_task_ids("telecom", "odd") == ["a/b/c", "7"]
+
+
+def test_the_task_split_is_named_by_the_run_and_by_its_config_separately():
+    scorer = load("tau2_align_score")
+    data = results("airline")
+    cfg = config()
+    del cfg["task_split"]  # a config from before the field existed says nothing about the split: not a difference
+    assert scorer.differences("airline", data, cfg, "test", 4) == []
+    assert scorer.differences("airline", data, cfg, "train", 4) == ["task split: train (published: test)"]
+    assert scorer.differences("airline", data, config("train"), "test", 4) == ["task split: train (published: test)"]
+
+
+def test_an_empty_recorded_commit_is_unknown_not_a_commit():
+    scorer = load("tau2_align_score")
+    data = results("airline")
+    data["info"]["git_commit"] = "unknown"
+    cfg = {**config(), "tau2_commit": ""}
+    [named] = scorer.differences("airline", data, cfg, "test", 4)
+    assert named.startswith("tau2 commit: unknown: τ² ran outside a git checkout and the install records no commit"), named
+
+
+def test_without_a_config_path_the_missing_config_is_named_by_its_pattern():
+    scorer = load("tau2_align_score")
+    names = scorer.differences("airline", results("airline"), None, "test", 4)
+    assert names == ["eval config: none at <TAG>_eval_config.json (the policy server's context and the run's deviations "
+                     f"are unknown) (published: {scorer.PROTOCOL['eval config']})"], names
+
+
+def test_the_incomplete_and_foreign_run_messages_word_for_word():
+    scorer = load("tau2_align_score")
+    ids = task_ids("airline", "test")
+    data = results("airline")
+    data["simulations"] = [s for s in data["simulations"] if s["task_id"] not in ids[:2] or s["trial"] != 1]
+    with pytest.raises(scorer.IncompleteRun) as refused_run:
+        scorer.score_domain(data, ids, 4, "airline")
+    assert str(refused_run.value) == (f"airline: incomplete run, refusing to score it: 2 of 20 tasks lack trials: "
+                                      f"{ids[0]} (trials [1]), {ids[1]} (trials [1])")
+    data = results("airline")
+    data["simulations"].append({"task_id": "x1", "trial": 0, "reward_info": {"reward": 0.0}})
+    with pytest.raises(scorer.IncompleteRun) as refused_run:
+        scorer.score_domain(data, ids, 4, "airline")
+    assert str(refused_run.value) == ("airline: simulations of tasks outside the split: ['x1'] "
+                                      "(run --task-split-name with the split you score)")
