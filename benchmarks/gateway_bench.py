@@ -215,6 +215,24 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
+def paired_median(by: dict, repeats: int, delay_ms: float, conc: int, other: str,
+                  value: Callable[[dict, dict], float]) -> str:
+    """Median [min-max] over the paired runs of ``value(gateway's row, other's row)``; a run whose ratio has a zero
+    denominator (a tiny cell's CPU time can stay under the clock's 10 ms tick) is left out, and says so."""
+    vals, undefined = [], 0
+    for rep in range(repeats):
+        if (delay_ms, conc, rep, other) in by:
+            try:
+                vals.append(value(by[delay_ms, conc, rep, "gateway"], by[delay_ms, conc, rep, other]))
+            except ZeroDivisionError:
+                undefined += 1
+    vals.sort()
+    note = f" ({undefined} run{'s' if undefined > 1 else ''} with a zero denominator left out)" if undefined else ""
+    if not vals:
+        return "n/a" + note if undefined else ""
+    return f"{statistics.median(vals):.2f}" + (f" [{vals[0]:.2f}-{vals[-1]:.2f}]" if len(vals) > 1 else "") + note
+
+
 def cpu_seconds(pid: int | None = None) -> float:
     """User + system CPU time of a process (this one when pid is None): independent of other load."""
     if pid is None:
@@ -355,11 +373,7 @@ def main() -> None:
     by = {(r["delay_ms"], r["conc"], r["rep"], r["method"]): r for r in rows}
 
     def paired(delay_ms: float, conc: int, other: str, value: Callable[[dict, dict], float]) -> str:
-        vals = sorted(value(by[delay_ms, conc, rep, "gateway"], by[delay_ms, conc, rep, other])
-                      for rep in range(args.repeats) if (delay_ms, conc, rep, other) in by)
-        if not vals:
-            return ""
-        return f"{statistics.median(vals):.2f}" + (f" [{vals[0]:.2f}-{vals[-1]:.2f}]" if len(vals) > 1 else "")
+        return paired_median(by, args.repeats, delay_ms, conc, other, value)
 
     for delay in args.delays:
         for conc in args.concurrency:

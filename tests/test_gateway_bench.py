@@ -73,3 +73,23 @@ def test_aiohttp_alternative_keeps_the_transport_contract():
             assert session.closed
             await runner.cleanup()
     run(main())
+
+
+def test_a_ratio_with_a_zero_denominator_is_left_out_and_said():
+    """A tiny cell's gateway CPU time can be 0 (under the clock tick): the CPU ratio f/a divided by it (seen failing
+    the tiny run above with ZeroDivisionError)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import gateway_bench
+
+    def row(cpu_gw: float) -> dict:
+        return {"cpu_us": [1.0, cpu_gw, 1.0], "eps_per_s": 2.0}
+
+    def cpu(a: dict, o: dict) -> float:
+        return o["cpu_us"][1] / a["cpu_us"][1]
+
+    by = {(0, 2, 0, "gateway"): row(0.0), (0, 2, 0, "aiohttp"): row(300.0),
+          (0, 2, 1, "gateway"): row(100.0), (0, 2, 1, "aiohttp"): row(300.0),
+          (0, 2, 2, "gateway"): row(100.0), (0, 2, 2, "aiohttp"): row(200.0)}
+    assert gateway_bench.paired_median(by, 3, 0, 2, "aiohttp", cpu) == "2.50 [2.00-3.00] (1 run with a zero denominator left out)"
+    assert gateway_bench.paired_median(by, 1, 0, 2, "aiohttp", cpu) == "n/a (1 run with a zero denominator left out)"
+    assert gateway_bench.paired_median(by, 3, 0, 2, "direct", cpu) == ""
