@@ -13,6 +13,9 @@
 # (pinned) runs inside .venv's interpreter, as its tests do (it forks per mutant after importing them once); it and
 # the packages .venv lacks are installed into .venvs/mutmut-lib, put on PYTHONPATH for mutmut only, so .venv itself
 # is not changed. Per file: <MUTATION_OUT>/<file>.txt (default runs/mutation), the tally and every survivor's diff.
+# MUTATION_SAMPLE=N tests N of a file's mutants drawn uniformly (seed 0) instead of all of them, for a file whose tests
+# take minutes per mutant (the BabyAI server's: 1,122 mutants, its AgentGym parity test alone 2 minutes); the tally
+# is then an estimate, its report says so.
 # A survivor is a missing test or an equivalent mutant (one that changes no behaviour); the note reporting a run says
 # which.
 case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
@@ -44,6 +47,10 @@ declare -A TESTS=(
   [scripts/tau2_align_score.py]="tests/test_tau2_score.py tests/test_eval.py"
   [env_gateway/servers/babyai.py]="tests/test_server_babyai.py tests/test_parity_babyai.py"
 )
+# A file whose tests need packages only an env server's venv has runs there: mutmut in that venv's interpreter, with
+# mutmut and pytest (and their requirements) from .venvs/mutmut-lib-full, since that venv has neither. Run by its own
+# venv, the tests serve the env in process (tests/env_server_proc.py), where mutmut sees which test reaches what.
+declare -A VENV=([env_gateway/servers/babyai.py]=.venvs/babyai)
 files=("$@")
 if ((${#files[@]} == 0)); then files=(env_gateway/server.py env_gateway/servers/_base.py agent_funcs/base.py
                                      scripts/eval.py cope_rlhf/advantage.py cope_rlhf/forecast.py
@@ -59,9 +66,24 @@ if [[ ! -f "$LIB/mutmut/__init__.py" ]]; then  # mutmut's own requirements .venv
   .venv/bin/python -m pip install -q --no-deps --target "$LIB" mutmut==3.8.1 coverage==7.17.5 libcst==1.9.0 \
     textual==8.2.8 2>&1 | { grep -v "^WARNING: Location" || true; }
 fi
+FULL_LIB="$ROOT/.venvs/mutmut-lib-full"
+for file in "${files[@]}"; do
+  venv="${VENV[$file]:-}"
+  [[ -z "$venv" || -x "$venv/bin/python" ]] || { echo "mutation_test.sh: $file's tests run in $venv, which is missing:" \
+                                                      "run bash scripts/setup_env.sh $(basename "$venv")" >&2; exit 2; }
+  if [[ -n "$venv" && ! -f "$FULL_LIB/mutmut/__init__.py" ]]; then
+    .venv/bin/python -m pip install -q --target "$FULL_LIB" mutmut==3.8.1 coverage==7.17.5 libcst==1.9.0 \
+      textual==8.2.8 pytest=="$(.venv/bin/python -c 'import pytest; print(pytest.__version__)')" pytest-timeout==2.4.0 \
+      2>&1 | { grep -v "^WARNING: Location\|requires\|dependency conflicts" || true; }
+  fi
+done
 # One torch thread: mutmut forks a child per mutant from a parent that has run the tests, and a child forked while
 # torch's intra-op thread pool held a lock waited on it forever (seen with the TE and branch tests).
-mutmut() { OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH="$LIB" "$ROOT/.venv/bin/python" -m mutmut "$@"; }
+mutmut() {
+  if [[ -n "${VENV[$file]:-}" ]]; then local python="$ROOT/${VENV[$file]}/bin/python" lib="$FULL_LIB"
+  else local python="$ROOT/.venv/bin/python" lib="$LIB"; fi
+  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH="$lib" "$python" -m mutmut "$@"
+}
 
 mkdir -p "$OUT"
 source="$(git rev-parse --short HEAD)"
@@ -88,12 +110,30 @@ for file in "${files[@]}"; do
     "$(dirname "$file")" "$file" "$(printf '\n    %s' "${tests[@]}")" > "$work/setup.cfg"
   printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n' >> "$work/setup.cfg"
   report="$OUT/$(echo "$file" | tr / _).txt"
-  echo "== $file: mutants checked by ${tests[*]}; report: $report"
+  echo "== $file: mutants checked by ${tests[*]}${VENV[$file]:+ in ${VENV[$file]}}; report: $report"
   (
     cd "$work"
-    mutmut run > "$work/run.log" 2>&1 || true  # exit status: whether mutants survived; the report says which
+    if [[ -n "${MUTATION_SAMPLE:-}" ]]; then
+      # a run that matches no mutant generates them all and maps them to tests, then stops: the sample is drawn from
+      # the generated names, and the second run reuses the mapping
+      mutmut run "no-such-mutant" > "$work/generate.log" 2>&1 || true
+      mapfile -t sample < <("$ROOT/.venv/bin/python" - "$MUTATION_SAMPLE" <<'PY'
+import glob, json, random, sys
+names = sorted(k for meta in glob.glob("mutants/**/*.meta", recursive=True)
+               for k in json.load(open(meta))["exit_code_by_key"])
+print("\n".join(sorted(random.Random(0).sample(names, min(int(sys.argv[1]), len(names))))))
+PY
+)
+      if ((${#sample[@]})); then mutmut run "${sample[@]}" > "$work/run.log" 2>&1 || true
+      else { echo "mutation_test.sh: mutmut generated no mutants of $file:"; tail -n 20 generate.log; } | tee run.log >&2
+      fi
+    else
+      mutmut run > "$work/run.log" 2>&1 || true  # exit status: whether mutants survived; the report says which
+    fi
     {
-      echo "# mutmut 3.8.1 on $file at $source, tests: ${tests[*]}"
+      echo "# mutmut 3.8.1 on $file at $source, tests: ${tests[*]}${VENV[$file]:+ (run by ${VENV[$file]})}"
+      [[ -z "${MUTATION_SAMPLE:-}" ]] ||
+        echo "# a uniform sample (seed 0) of ${#sample[@]} mutants; the others are 'not checked': an estimate"
       tr '\r' '\n' < run.log | grep -v '^\s*$' | tail -n 1
       mutmut results --all true | awk '{print $NF}' | sort | uniq -c
       for id in $(mutmut results | awk -F: '/: survived/ {print $1}'); do

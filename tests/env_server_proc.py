@@ -3,11 +3,19 @@ shared with the scripts), episode helpers that drive the AgentGym protocol (``ex
 ``check_no_cross_talk``, ``check_crafted_actions``), and pytest helpers (``require_venv``, ``server_fixture``) that
 skip with a clear reason when a server's venv has not been built, a port nothing listens on (``refusing_port``), and
 the check that a script stopped by SIGTERM stops the processes it started (``check_sigterm_stops``).
+
+Run by a server's own venv (``.venvs/<name>/bin/python -m pytest ...``, as ``scripts/mutation_test.sh`` runs the
+BabyAI server's tests), ``server_fixture`` serves in this process instead (``InProcessServer``): the same app on a
+thread's event loop, so a tool that watches calls in process (mutmut) sees which test reaches which function.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib
+import io
+import logging
 import os
 import socket
 import sys
@@ -126,14 +134,68 @@ def require_venv(name: str) -> None:
         pytest.skip(f".venvs/{name} is missing: run `bash scripts/setup_env.sh {name}` to test the {name} server")
 
 
+class InProcessServer(EnvServerProcess):
+    """``EnvServerProcess(name, *args)``'s server (built from the same command line by ``build_server``), served in
+    this process: its app on an event loop in a thread, on a free port of 127.0.0.1; ``output()`` is what it logged.
+    Needs the server's packages importable here, i.e. the server's own venv."""
+
+    def __enter__(self) -> "InProcessServer":
+        from aiohttp import web
+
+        from env_gateway.servers._base import EnvServer, bound_socket, build_server, http_settings
+
+        module = importlib.import_module(f"env_gateway.servers.{self.name}")
+        server_cls = next(c for c in vars(module).values()
+                          if isinstance(c, type) and issubclass(c, EnvServer) and c.name == self.name)
+        server, _ = build_server(server_cls, self.args)
+        sock, self.port = bound_socket("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logged = io.StringIO()
+        self.handler = logging.StreamHandler(self.logged)
+        self.logger = logging.getLogger("env_gateway")
+        self.logger.addHandler(self.handler)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.loop = asyncio.new_event_loop()
+        runner = web.AppRunner(server.app(), **http_settings(server.read_timeout))
+        self.loop.run_until_complete(runner.setup())
+        self.loop.run_until_complete(web.SockSite(runner, sock).start())
+
+        def serve() -> None:  # until stop(); then aiohttp's shutdown, which closes every instance
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_forever()
+            self.loop.run_until_complete(runner.cleanup())
+            self.loop.close()
+
+        self.thread = threading.Thread(target=serve, name=f"{self.name} server", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=60)
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+
+    def output(self) -> str:
+        return self.logged.getvalue()[-5000:]
+
+
+def runs_in_own_venv(name: str) -> bool:
+    """Whether this interpreter is .venvs/<name>'s, the one its server runs in."""
+    return os.path.realpath(sys.prefix) == os.path.realpath(os.path.dirname(os.path.dirname(venv_python(name))))
+
+
 def server_fixture(name: str, *args: str, scope: str = "module"):
-    """A pytest fixture that yields a running EnvServerProcess (skips when .venvs/<name> is missing)."""
+    """A pytest fixture that yields a running EnvServerProcess (skips when .venvs/<name> is missing), or an
+    InProcessServer when the tests run in .venvs/<name> itself."""
     import pytest
 
     @pytest.fixture(scope=scope)
     def _server():
         require_venv(name)
-        with EnvServerProcess(name, *args) as proc:
+        with (InProcessServer if runs_in_own_venv(name) else EnvServerProcess)(name, *args) as proc:
             yield proc
 
     return _server

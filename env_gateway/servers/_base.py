@@ -390,8 +390,10 @@ class EnvServer:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
-    """Command-line entry point shared by every server module."""
+def build_server(server_cls: type[EnvServer], argv: list[str] | None = None) -> tuple[EnvServer, argparse.Namespace]:
+    """The server ``python -m env_gateway.servers.<name> ARGV`` runs, built from its command line (logging set up
+    first: some servers log while they load), and the parsed arguments (``host``, ``port``, ``fd``: where it
+    serves)."""
     parser = argparse.ArgumentParser(prog=f"python -m env_gateway.servers.{server_cls.name}",
                                      description=f"AgentGym-protocol {server_cls.name} environment server")
     parser.add_argument("--host", default="127.0.0.1")
@@ -418,6 +420,12 @@ def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
              if k not in ("host", "port", "fd", "log_level", "instance_ttl", "read_timeout")}
     server = server_cls(**extra)
     server.instance_ttl, server.read_timeout = args.instance_ttl, args.read_timeout
+    return server, args
+
+
+def serve(server_cls: type[EnvServer], argv: list[str] | None = None) -> None:
+    """Command-line entry point shared by every server module."""
+    server, args = build_server(server_cls, argv)
     sock, port = bound_socket(args.host, args.port, args.fd)  # the log names the port --port 0 got
     host = sock.getsockname()[0]
     # run_app turns SIGINT and SIGTERM into a graceful shutdown, which closes every instance.
