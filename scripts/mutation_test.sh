@@ -144,7 +144,8 @@ PY
     # mutmut maps a mutant to the tests that reached its function in this interpreter; a module the tests only run in
     # a subprocess of another venv (an env server in .venvs/<env>) is reached by none, and every mutant goes untested
     grep -qE '^ +[0-9]+ (killed|survived)$' "$report" ||
-      echo "mutation_test.sh: no test reached $file in process, so no mutant of it was tested" | tee -a "$report" >&2
+      { echo "mutation_test.sh: no test reached $file in process, so no mutant of it was tested; mutmut's log ends:"
+        tr '\r' '\n' < run.log | grep -v '^\s*$' | tail -n 40; } | tee -a "$report" >&2
   )
   if [[ "${MUTATION_SOURCE:-HEAD}" == working ]]; then rm -rf "$work"; else git worktree remove --force "$work"; fi
   rmdir "$(dirname "$work")"
