@@ -3,7 +3,7 @@
 #   need_free_gb GB WHAT HINT   exits 1, building nothing, when the filesystem of $ROOT has under GB gigabytes free
 #                               (whole GB, rounded down), with a message that names WHAT, both numbers and HINT.
 # Out of disk, pip fails minutes into a build with only "[Errno 28] No space left on device" and leaves a half-built
-# venv behind (CI of stop 56, whose machine had ~7 GB free for a ~12 GB set-up).
+# venv behind (seen on a CI machine with ~7 GB free for a ~12 GB set-up).
 need_free_gb() {
   local need="$1" what="$2" hint="$3" free
   free="$(df -Pk "$ROOT" | awk 'NR == 2 {print int($4 / 1048576)}')"
