@@ -106,6 +106,12 @@ for file in "${files[@]}"; do
   mkdir -p "$work/mutants"
   ln -s "$ROOT/.venv" "$work/mutants/.venv"
   ln -s "$ROOT/.venvs" "$work/mutants/.venvs"
+  # and the data beside the checkout (../shared: AgentGym's servers, tau2's package and data), which the parity and
+  # tau2 tests look for beside their own root (the tree, or mutmut's copy in it); without it they skip
+  if [[ -d "$ROOT/../shared" ]]; then
+    ln -s "$(cd "$ROOT/.." && pwd)/shared" "$work/shared"
+    ln -s "$(cd "$ROOT/.." && pwd)/shared" "$(dirname "$work")/shared"
+  fi
   printf '[mutmut]\nsource_paths=\n    %s/\nonly_mutate=\n    %s\npytest_add_cli_args_test_selection=%s\n' \
     "$(dirname "$file")" "$file" "$(printf '\n    %s' "${tests[@]}")" > "$work/setup.cfg"
   printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n' >> "$work/setup.cfg"
@@ -148,6 +154,7 @@ PY
         tr '\r' '\n' < run.log | grep -v '^\s*$' | tail -n 40; } | tee -a "$report" >&2
   )
   if [[ "${MUTATION_SOURCE:-HEAD}" == working ]]; then rm -rf "$work"; else git worktree remove --force "$work"; fi
+  rm -f "$(dirname "$work")/shared"
   rmdir "$(dirname "$work")"
   sed -n '1,8p' "$report"
 done

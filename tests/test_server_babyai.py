@@ -215,3 +215,80 @@ def test_item_ids_past_40000_are_served_as_agentgym_serves_them(server):
 
 def _available(observation: str) -> list[str]:
     return json.loads(observation.rsplit("Available actions: ", 1)[1])
+
+
+def test_protocol_refusals_say_what_to_do(server):
+    """An unknown split, an instance not reset yet, and a finished episode (its step and its expert) each get their
+    own answer: the split's choices, a 409 saying to reset, the score kept."""
+    status, body = server.call("GET", "/items?split=bogus")
+    assert (status, body) == (400, {"error": "bad_split",
+                                     "detail": "split must be one of ['dev', 'test', 'train'], got 'bogus'"})
+    env_id = server.ok("POST", "/create")["id"]
+    status, body = server.call("GET", f"/observation?id={env_id}")
+    assert (status, body) == (409, {"error": "not_reset", "detail": "this instance has not been reset: POST /reset first"})
+    first, steps = expert_episode(server, 0)
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})
+    for action, _ in steps:
+        last = server.ok("POST", "/step", {"id": env_id, "action": action})
+    # GoToRedBallGrey seed 0, two actions (the expert's shortest paths): 1 - 0.9 * 8 / 64 primitive steps
+    assert [a for a, _ in steps] == ["move forward", "go to red ball 1"] and last["reward"] == 0.8875
+    assert server.ok("POST", "/step", {"id": env_id, "action": "turn left"}) == {
+        "observation": "The episode is over: reset to start another.", "reward": 0.0, "score": 0.8875, "done": True}
+    status, body = server.call("GET", f"/expert?id={env_id}")
+    assert (status, body) == (409, {"error": "episode_over",
+                                    "detail": "the episode is over: reset before asking the expert"})
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_an_episode_out_of_steps_ends_with_no_reward(server):
+    env_id = server.ok("POST", "/create")["id"]
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})  # GoToRedBallGrey: 64 primitive steps at most
+    replies = [server.ok("POST", "/step", {"id": env_id, "action": "turn left"}) for _ in range(64)]
+    assert not any(r["done"] for r in replies[:-1])
+    assert replies[-1] == {"observation": "Out of steps: the goal was not reached.", "reward": 0.0, "score": 0.0,
+                           "done": True}
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_a_locked_door_opens_only_with_its_own_key(server):
+    """UnlockLocalDist seed 0 (data_idx 24), along the expert's way: the purple door is described as locked and offers
+    no "toggle and go through" until the purple key is carried; then it does, and toggling it wins."""
+    env_id = server.ok("POST", "/create")["id"]
+    reply = server.ok("POST", "/reset", {"id": env_id, "data_idx": 24})
+    seen_locked = False
+    while not reply["done"]:
+        observation = reply["observation"]
+        if "a locked purple door 1 (" in observation:
+            seen_locked = True
+            carrying_key = "You are carrying: a purple key." in observation
+            assert ("toggle and go through purple door 1" in _available(observation)) == carrying_key, observation
+        action = server.ok("GET", f"/expert?id={env_id}")["action"]
+        reply = server.ok("POST", "/step", {"id": env_id, "action": action})
+    assert seen_locked and carrying_key and action == "toggle" and reply["reward"] > 0
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_agentgym_text_check_go_to_where_you_face_and_a_failed_ending(agentgym_text):
+    """AgentGym's replies to "check ...", to "go to X" while already facing X, and to an episode that terminates
+    without success (OpenDoorsOrderN4Debug, seed 0, data_idx 15: the bot opens the doors in the wrong order): the
+    reward 0, "The task is completed." appended as AgentGym appends it, and the episode not done."""
+    server = agentgym_text
+    env_id = server.ok("POST", "/create")["id"]
+    first = server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})
+    actions = _available(first["observation"])
+    assert server.ok("POST", "/step", {"id": env_id, "action": "Check the actions please"})["observation"] == (
+        "You can take the following actions: " + ", ".join(actions) + "\nAvailable actions: " + json.dumps(actions))
+    goto = next(a for a in actions if a.startswith("go to "))
+    facing = server.ok("POST", "/step", {"id": env_id, "action": goto})
+    assert not facing["done"] and goto in _available(facing["observation"])
+    again = server.ok("POST", "/step", {"id": env_id, "action": goto})
+    assert again["observation"] == "No change in state.\nAvailable actions: " + json.dumps(
+        _available(facing["observation"]))
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 15})
+    for _ in range(40):
+        action = server.ok("GET", f"/expert?id={env_id}")["action"]
+        reply = server.ok("POST", "/step", {"id": env_id, "action": action})
+        if "The task is completed." in reply["observation"]:
+            break
+    assert (reply["reward"], reply["done"]) == (0, False), reply
+    server.ok("POST", "/close", {"id": env_id})
