@@ -420,10 +420,12 @@ def test_bad_input_gets_a_helpful_4xx(method, path, body, status, error, hint):
 
 
 def test_a_close_that_meets_a_busy_replica_is_retried_until_the_backend_has_it():
-    """The replica's one slot is held by a 0.5 s step and the close may queue 0.1 s: it cannot run now. It used to
-    answer backend_closed false, "retry later", and a retry got 410, so the instance stayed open for good."""
+    """The replica's one slot is held by a 3 s step (long enough for the close to arrive while it runs, on a loaded
+    host too: at 0.5 s, under a mutation run beside a training run, the step had ended first) and the close may queue
+    0.1 s: it cannot run now. It used to answer backend_closed false, "retry later", and a retry got 410, so the
+    instance stayed open for good."""
     async def main():
-        async with running("agentgym", delay=0.5) as (backend, burl), \
+        async with running("agentgym", delay=3.0) as (backend, burl), \
                 gateway({"babyai": [burl]}, max_concurrency=1, queue_timeout=0.1) as (gw, url):
             async with GatewayClient(url) as client:
                 a, b = await client.create("babyai", 1), await client.create("babyai", 2)
