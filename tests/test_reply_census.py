@@ -1,0 +1,42 @@
+"""scripts/reply_census.py: each reply's action and class, over a crafted episodes file."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, ROOT)
+from scripts.reply_census import census, reply_action  # noqa: E402
+
+LISTING = 'You see: a red ball 1.\nAvailable actions: ["turn left", "go to red ball 1"]'
+
+
+def episode(*replies: str, listing: str = LISTING) -> dict:
+    messages = [{"role": "system", "content": "rules"}, {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "I will give one action each turn."}]
+    for reply in replies:
+        messages += [{"role": "user", "content": listing}, {"role": "assistant", "content": reply}]
+    return {"messages": messages}
+
+
+def test_the_action_is_the_first_line_after_the_last_action_header():
+    assert reply_action("Thought: left.\nAction:\nturn left") == "turn left"
+    assert reply_action("Thought: x\nAction: go to red ball 1\nmore") == "go to red ball 1"
+    assert reply_action("Action:\nThought:\nAction:\n\n  go to red ball 1 \n") == "go to red ball 1"
+    assert reply_action("Action:\n\n") == "" and reply_action("I go to the ball") == ""
+
+
+def test_replies_are_counted_by_class_and_action(tmp_path):
+    path = tmp_path / "run.episodes.jsonl"
+    lines = [episode("Action:\nturn left", "Action:\ngo toturn right", "no action here"),
+             episode("Action:\ngo to red ball 1"),
+             episode("Action:\ncraft 1 stick", listing="Crafting commands: craft 1 stick")]
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    row = census(str(path), top=2)
+    assert row["replies"] == 5  # the scripted first reply of each episode is not counted
+    assert (row["listed"], row["unlisted"], row["none"], row["no list"]) == (0.4, 0.2, 0.2, 0.2)
+    assert row["top_actions"][0] == ("turn left", 0.2) and len(row["top_actions"]) == 2
+    done = subprocess.run([sys.executable, "scripts/reply_census.py", str(path), str(tmp_path / "missing.jsonl")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no such episodes file:" in done.stderr and "missing.jsonl" in done.stderr
