@@ -138,6 +138,27 @@ def test_unwritable_folder_and_no_room_for_a_checkpoint(parser, good, monkeypatc
     assert "one checkpoint of this model needs" in problem and "free" in problem
 
 
+def test_a_folder_without_write_permission_is_a_problem(parser, good, monkeypatch):
+    """As a user without write permission sees it (the tests run as root, whom os.access never refuses, so the refusal
+    is stood in for): an existing folder that cannot be written, though it is a folder."""
+    argv, tmp = good
+    locked, access = tmp / "locked", os.access
+    locked.mkdir()
+    monkeypatch.setattr(preflight.os, "access",
+                        lambda path, mode: access(path, mode) and not (str(path) == str(locked) and mode & os.W_OK))
+    [problem] = found(parser, replaced(argv, "--ckpt.output_dir", str(locked / "model")))
+    assert problem == (f"--ckpt.output_dir {locked / 'model'}: {locked} cannot be written: choose a folder you own "
+                       "(OUTPUT_DIR=...)")
+
+
+def test_cope_signals_off_grpo_are_a_problem_too(parser, good):
+    argv, _ = good
+    [problem] = found(parser, [*replaced(argv, "--algo.advantage.estimator", "reinforce"),
+                               "--cope.grpo_filter_degenerate"])
+    assert problem.startswith("the CoPE signals (--cope.grpo_filter_degenerate) are defined on GRPO advantages; got "
+                              "--algo.advantage.estimator reinforce")
+
+
 def test_secret_files_must_be_owner_only(parser, good, monkeypatch):
     argv, tmp = good
     monkeypatch.setenv("COPE_GATEWAY_TOKEN_FILE", str(tmp / "missing_token"))

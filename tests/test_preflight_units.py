@@ -380,7 +380,7 @@ def test_placement_groups_wait_at_most_ray_pg_timeout_s(monkeypatch):
             return self.placed
 
         def ready(self):
-            return "ready"
+            return "ready", self
 
     ray = types.ModuleType("ray")
     ray.available_resources = lambda: {"CPU": 2.0}
@@ -396,7 +396,7 @@ def test_placement_groups_wait_at_most_ray_pg_timeout_s(monkeypatch):
     preflight.bound_placement_groups()  # a second call does not wrap it again
     assert PlacementGroup.ready is bounded and bounded.bounded is True
     fits = PlacementGroup([{"CPU": 1}], placed=True)
-    assert fits.ready() == "ready" and fits.waited == [600.0]
+    assert fits.ready() == ("ready", fits) and fits.waited == [600.0]
     monkeypatch.setenv("RAY_PG_TIMEOUT_S", "2.5")
     stuck = PlacementGroup([{"GPU": 1, "CPU": 1}, {"GPU": 2}], placed=False)
     with pytest.raises(SystemExit) as e:
