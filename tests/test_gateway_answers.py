@@ -532,7 +532,7 @@ def test_shutdown_closes_open_sessions_on_their_backend_and_does_not_wait_on_one
     run(main(), timeout=20)
 
 
-def test_a_waiter_cancelled_after_it_was_handed_the_slot_hands_it_on_and_one_cancelled_before_takes_nothing():
+def test_a_waiter_cancelled_after_it_was_handed_the_slot_hands_it_on_and_one_cancelled_otherwise_takes_nothing():
     async def main():
         slots = Slots(1)
         assert slots.try_take() and not slots.try_take()
@@ -553,6 +553,13 @@ def test_a_waiter_cancelled_after_it_was_handed_the_slot_hands_it_on_and_one_can
         slots.release()
         assert slots.used == 0 and slots.try_take()
         assert await slots.wait(0.05) is False and not slots.waiters  # a timed-out waiter leaves the line
+        timed_out_then_cancelled = asyncio.ensure_future(slots.wait(10))
+        await until(lambda: len(slots.waiters) == 1)
+        slots.waiters[0].set_result(False)  # its timer fired, and its task is cancelled before it runs
+        timed_out_then_cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await timed_out_then_cancelled
+        assert slots.used == 1  # it held no slot, so it gave none back
     run(main())
 
 
