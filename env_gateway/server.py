@@ -181,7 +181,6 @@ class Session:
     item_id: Any
     last_used: float
     busy: bool = False
-    steps: int = 0
 
 
 class Gateway:
@@ -504,7 +503,6 @@ class Gateway:
         finally:
             session.busy = False
             session.last_used = asyncio.get_running_loop().time()
-        session.steps += 1
         return answer({"observation": out.observation, "reward": out.reward, "done": out.done, "info": out.info})
 
     async def delete_session(self, request: web.Request) -> web.Response:

@@ -538,8 +538,10 @@ def test_non_ascii_actions_are_forwarded_as_utf8_not_tripled_by_escapes():
 
 
 def test_concurrent_steps_on_one_session_get_409():
+    """The first step takes 3 s at the backend, long enough for the second to arrive while it runs on a loaded host
+    (at 0.3 s, beside a training run, the first had answered before the second came)."""
     async def main():
-        async with running("agentgym", delay=0.3) as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
+        async with running("agentgym", delay=3.0) as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
             async with GatewayClient(url) as client:
                 s = await client.create("babyai", 1)
                 first = asyncio.ensure_future(client.step(s.session_id, "move 1"))
