@@ -226,7 +226,7 @@ def test_protocol_refusals_say_what_to_do(server):
     env_id = server.ok("POST", "/create")["id"]
     status, body = server.call("GET", f"/observation?id={env_id}")
     assert (status, body) == (409, {"error": "not_reset", "detail": "this instance has not been reset: POST /reset first"})
-    first, steps = expert_episode(server, 0)
+    _, steps = expert_episode(server, 0)
     server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})
     for action, _ in steps:
         last = server.ok("POST", "/step", {"id": env_id, "action": action})

@@ -41,7 +41,6 @@ import asyncio
 import itertools
 import json
 import logging
-import os
 import socket
 import time
 import traceback
