@@ -46,6 +46,7 @@ declare -A TESTS=(
   [agent_funcs/tau2.py]="tests/test_tau2.py tests/test_action_formats.py tests/test_agent_base_contract.py"
   [scripts/tau2_align_score.py]="tests/test_tau2_score.py tests/test_eval.py"
   [env_gateway/servers/babyai.py]="tests/test_server_babyai.py tests/test_parity_babyai.py"
+  [scripts/reply_census.py]="tests/test_reply_census.py"
 )
 # A file whose tests need packages only an env server's venv has runs there: mutmut in that venv's interpreter, with
 # mutmut and pytest (and their requirements) from .venvs/mutmut-lib-full, since that venv has neither. Run by its own
@@ -56,7 +57,7 @@ if ((${#files[@]} == 0)); then files=(env_gateway/server.py env_gateway/servers/
                                      scripts/eval.py cope_rlhf/advantage.py cope_rlhf/forecast.py
                                      cope_rlhf/temporal_ensemble.py cope_rlhf/info_gain.py
                                      cope_rlhf/preflight.py agent_funcs/tau2.py scripts/tau2_align_score.py
-                                     env_gateway/servers/babyai.py); fi
+                                     env_gateway/servers/babyai.py scripts/reply_census.py); fi
 for file in "${files[@]}"; do
   [[ -n "${TESTS[$file]:-}" ]] || { echo "mutation_test.sh: no tests listed for '$file'; known: ${!TESTS[*]}" >&2
                                     exit 2; }

@@ -4,10 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 sys.path.insert(0, ROOT)
-from scripts.reply_census import census, reply_action  # noqa: E402
+from scripts.reply_census import census, main, reply_action  # noqa: E402
 
 LISTING = 'You see: a red ball 1.\nAvailable actions: ["turn left", "go to red ball 1"]'
 
@@ -37,6 +39,20 @@ def test_replies_are_counted_by_class_and_action(tmp_path):
     assert row["replies"] == 5  # the scripted first reply of each episode is not counted
     assert (row["listed"], row["unlisted"], row["none"], row["no list"]) == (0.4, 0.2, 0.2, 0.2)
     assert row["top_actions"][0] == ("turn left", 0.2) and len(row["top_actions"]) == 2
-    done = subprocess.run([sys.executable, "scripts/reply_census.py", str(path), str(tmp_path / "missing.jsonl")],
+
+
+def test_the_command_prints_each_file_and_writes_json_and_names_a_missing_file(tmp_path, capsys):
+    path = tmp_path / "run.episodes.jsonl"
+    path.write_text(json.dumps(episode("Action:\nturn left", "Thought:")) + "\n")
+    main([str(path), "--top", "1", "--json", str(tmp_path / "census.json")])
+    assert capsys.readouterr().out == (f"{path}: 2 replies; listed 0.500, unlisted 0.000, none 0.500, no list 0.000\n"
+                                       "  most common: 'turn left' 0.500\n")
+    [row] = json.loads((tmp_path / "census.json").read_text())
+    assert row["listed"] == 0.5 and row["top_actions"] == [["turn left", 0.5]]
+    with pytest.raises(SystemExit) as e:
+        main([str(path), str(tmp_path / "missing.jsonl")])
+    assert e.value.code == 2
+    assert f"no such episodes file: {tmp_path / 'missing.jsonl'} (scripts/eval.py --out X" in capsys.readouterr().err
+    done = subprocess.run([sys.executable, "scripts/reply_census.py", str(tmp_path / "missing.jsonl")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "no such episodes file:" in done.stderr and "missing.jsonl" in done.stderr
+    assert done.returncode == 2 and "no such episodes file:" in done.stderr
