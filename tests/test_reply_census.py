@@ -56,3 +56,36 @@ def test_the_command_prints_each_file_and_writes_json_and_names_a_missing_file(t
     done = subprocess.run([sys.executable, "scripts/reply_census.py", str(tmp_path / "missing.jsonl")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no such episodes file:" in done.stderr
+
+
+def test_counts_add_up_an_empty_file_is_zeros_and_the_top_is_five_by_default(tmp_path, capsys):
+    path = tmp_path / "run.episodes.jsonl"
+    lines = [episode("Action:\nturn left", "Action:\nturn left", "", "Thought: no action"),
+             episode("Action:\ncraft a", "Action:\ncraft b", listing="no list here"),
+             episode(*(f"Action:\nact {i}" for i in range(6)))]
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    row = census(str(path), top=3)
+    assert row["replies"] == 12 and row["top_actions"][0] == ("turn left", 2 / 12)
+    assert (row["listed"], row["none"], row["no list"]) == (2 / 12, 2 / 12, 2 / 12)
+    empty = tmp_path / "empty.episodes.jsonl"
+    empty.write_text(json.dumps(episode()) + "\n")  # only the scripted first reply
+    assert census(str(empty), top=5) == {"file": str(empty), "replies": 0, "listed": 0.0, "unlisted": 0.0,
+                                         "none": 0.0, "no list": 0.0, "top_actions": []}
+    main([str(path)])
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "  most common: 'turn left' 0.167; '(none)' 0.167; 'craft a' 0.083; 'craft b' 0.083; 'act 0' 0.083")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])
+    assert capsys.readouterr().err.endswith(
+        f"no such episodes file: {tmp_path / 'a.jsonl'}, {tmp_path / 'b.jsonl'} (scripts/eval.py --out X writes X's "
+        "*.episodes.jsonl beside it)\n")
+
+
+def test_help_says_what_it_reads_and_each_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("What a model's replies asked the env to do: a census of the actions in eval episodes.",
+                 "scripts/eval.py's *.episodes.jsonl files", "how many of the most common actions to show",
+                 "also write the census here"):
+        assert said in text
