@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.env_server_proc import (ROOT, EnvServerProcess, check_crafted_actions, check_no_cross_talk,
-                                   expert_episode, require_venv, server_fixture, venv_python)
+                                   expert_episode, require_venv, runs_in_own_venv, server_fixture, venv_python)
 
 pytestmark = pytest.mark.timeout(120)
 server = server_fixture("babyai")
@@ -180,16 +180,31 @@ def test_same_item_same_first_observation_across_restarts(server):
     assert firsts[0]["observation"] != firsts[1]["observation"]
 
 
-def test_agentgyms_text_is_the_default_and_babyai_text_picks_another(agentgym_text, monkeypatch):
+def test_agentgyms_text_is_the_default(agentgym_text, monkeypatch):
     require_venv("babyai")
     monkeypatch.delenv("BABYAI_TEXT")
     expected = expert_episode(agentgym_text, 5, max_turns=0)[0]
     with EnvServerProcess("babyai") as default:
         assert expert_episode(default, 5, max_turns=0)[0] == expected
-    monkeypatch.setenv("BABYAI_TEXT", "fancy")
-    bad = subprocess.run([venv_python("babyai"), "-m", "env_gateway.servers.babyai", "--port", "0"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and "unknown text 'fancy' (from --text or BABYAI_TEXT)" in bad.stderr
+
+
+def test_an_unknown_text_is_refused_with_the_choices(monkeypatch):
+    """BABYAI_TEXT is argparse's default, which argparse leaves unchecked: the server refuses it itself. Run by
+    .venvs/babyai, the constructor is called here; otherwise the server's command is."""
+    require_venv("babyai")
+    if runs_in_own_venv("babyai"):
+        from env_gateway.servers.babyai import BabyAIServer
+
+        with pytest.raises(SystemExit) as refused:
+            BabyAIServer(text="fancy")
+        message = str(refused.value)
+    else:
+        monkeypatch.setenv("BABYAI_TEXT", "fancy")
+        bad = subprocess.run([venv_python("babyai"), "-m", "env_gateway.servers.babyai", "--port", "0"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0
+        message = bad.stderr
+    assert "babyai: unknown text 'fancy' (from --text or BABYAI_TEXT): use one of ['compact', 'agentgym']" in message
 
 
 def test_item_splits_are_disjoint_and_bad_ids_are_rejected(server):
@@ -291,4 +306,57 @@ def test_agentgym_text_check_go_to_where_you_face_and_a_failed_ending(agentgym_t
         if "The task is completed." in reply["observation"]:
             break
     assert (reply["reward"], reply["done"]) == (0, False), reply
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_agentgym_text_go_through_an_open_door_walks_into_the_doorway(agentgym_text):
+    """GoToObjMazeS7 seed 0 (data_idx 5): the expert's way passes beside an open yellow door; "go through" it ends
+    on the door's cell (a path that arrives there, where "go to" stops facing it), so the view is the next room's."""
+    server = agentgym_text
+    env_id = server.ok("POST", "/create")["id"]
+    reply = server.ok("POST", "/reset", {"id": env_id, "data_idx": 5})
+    for _ in range(10):
+        if "go through yellow open door 1" in _available(reply["observation"]):
+            break
+        reply = server.ok("POST", "/step", {"id": env_id, "action": server.ok("GET", f"/expert?id={env_id}")["action"]})
+    assert "There is a yellow open door 1 0 steps in front of you and 1 steps to your right." in reply["observation"]
+    after = server.ok("POST", "/step", {"id": env_id, "action": "go through yellow open door 1"})["observation"]
+    assert after.startswith("In front of you in this room, you can see several objects: There is a red closed door 1 "
+                            "4 steps in front of you and 1 steps to your right.  There is a yellow closed door 1 "
+                            "right in front of you 6 steps away."), after
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_agentgym_text_stops_an_action_at_the_first_primitive_that_changes_nothing(agentgym_text):
+    """SynthS5R2 seed 0 (data_idx 34): AgentGym's path to the blue door runs through a wall outside the view; its
+    fifth primitive (forward into that wall) changes nothing, and there the action stops, as AgentGym's does: the
+    view is the one four single actions reach."""
+    server = agentgym_text
+    env_id = server.ok("POST", "/create")["id"]
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 34})
+    stopped = server.ok("POST", "/step", {"id": env_id, "action": "go to blue closed door 1"})
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 34})
+    for action in ("turn right", "turn right", "move forward", "turn right"):
+        by_hand = server.ok("POST", "/step", {"id": env_id, "action": action})
+    assert stopped == by_hand
+    assert "You are facing a wall 1 steps away." in stopped["observation"]
+    server.ok("POST", "/close", {"id": env_id})
+
+
+def test_the_expert_is_told_the_actions_the_agent_took_instead(server):
+    """The bot advises (minigrid's BabyAIBot.replan(action_taken)): each primitive the agent took reaches it, its
+    own suggestion or not. GoToRedBallGrey seed 0 (data_idx 0): after one expert step the agent picks up a grey
+    key the bot never planned; told so, the bot puts the key down before going on (a bot told nothing assumes
+    its own plan ran and heads for the ball with the key in hand)."""
+    env_id = server.ok("POST", "/create")["id"]
+    server.ok("POST", "/reset", {"id": env_id, "data_idx": 0})
+    first = server.ok("GET", f"/expert?id={env_id}")["action"]
+    reply = server.ok("POST", "/step", {"id": env_id, "action": first})
+    assert first == "move forward" and "pick up grey key 1" in _available(reply["observation"])
+    server.ok("POST", "/step", {"id": env_id, "action": "pick up grey key 1"})
+    advice = []
+    while not reply["done"] and len(advice) < 6:
+        advice.append(server.ok("GET", f"/expert?id={env_id}")["action"])
+        reply = server.ok("POST", "/step", {"id": env_id, "action": advice[-1]})
+    assert advice == ["drop", "turn right", "go to red ball 1"] and reply["reward"] == 0.83125
     server.ok("POST", "/close", {"id": env_id})
