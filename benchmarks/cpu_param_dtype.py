@@ -25,7 +25,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from cope_rlhf.quiet import hide_benign_notices  # noqa: E402
 
+hide_benign_notices()  # before torch prints pynvml's deprecation (cope_rlhf/quiet.py)
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 

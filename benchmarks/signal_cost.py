@@ -58,10 +58,13 @@ import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-import torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository's packages, and scripts/ as scripts.<name>
+from cope_rlhf.quiet import hide_benign_notices  # noqa: E402
+
+hide_benign_notices()  # before torch prints pynvml's deprecation (cope_rlhf/quiet.py)
+import torch  # noqa: E402
+
 import cope_rlhf.compat  # noqa: E402,F401  (OpenRLHF importable on CPU)
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 

@@ -2,8 +2,9 @@
 
 ``hide_benign_notices()`` is called first thing by the commands users run (``python -m cope_rlhf.cli.train_ppo_ray``,
 which the run scripts exec, ``python -m cope_rlhf.local``, ``python -m cope_rlhf.cli.train_sft``,
-``python -m cope_rlhf.preflight``, ``scripts/prepare_warm_start.py``), before they import torch. It hides exactly two
-messages, in the process and in the processes it starts afterwards (Ray's workers on this host, vLLM's engine):
+``python -m cope_rlhf.preflight``, ``scripts/prepare_warm_start.py``, the benchmarks that import torch), before
+they import torch. It hides exactly two messages, in the process and in the processes it starts afterwards (Ray's
+workers on this host, vLLM's engine):
 
 - pynvml's deprecation, a FutureWarning printed by every process that imports torch: "The pynvml package is
   deprecated. Please install nvidia-ml-py instead. ...". The ``pynvml`` distribution (OpenRLHF requires it;

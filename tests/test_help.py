@@ -2,10 +2,11 @@
 
 - Every scripts/*.sh answers -h / --help (anywhere among its arguments) with its usage, settings and an example,
   exit 0, and starts nothing (no process carrying the run's marker variable outlives it) and writes nothing in the
-  checkout (a listing of its files before and after). So do the Python entry points: scripts/*.py, the
-  ``python -m`` modules (the trainer's heavy ones, which import the whole stack, under ``-m slow``). They run in a
-  copy of the checkout's code (the venvs linked in), so that the listing sees only what they write: in a working
-  tree where other programs write too (a training run filing its results under docs/), it would see theirs.
+  checkout (a listing of its files before and after). So do the Python entry points: scripts/*.py,
+  benchmarks/*.py, the ``python -m`` modules (the trainer's heavy ones, which import the whole stack, under
+  ``-m slow``). They run in a copy of the checkout's code (the venvs linked in), so that the listing sees only what
+  they write: in a working tree where other programs write too (a training run filing its results under docs/), it
+  would see theirs.
 - cope_rlhf/quiet.py hides exactly pynvml's deprecation and DeepSpeed's CPU notice, in the process and in its
   children; other warnings still show.
 - scripts/quickstart_progress.py turns a stage's log into a line per SFT epoch / GRPO step (with elapsed and time
@@ -37,14 +38,14 @@ import quickstart_progress as qp  # noqa: E402
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 SHELL_SCRIPTS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "scripts", "*.sh")))
 LIBRARIES = {"scripts/agent_metrics.py"}  # imported by other scripts, not run
-PYTHON_SCRIPTS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "scripts", "*.py"))
-                        if os.path.relpath(p, ROOT) not in LIBRARIES)
+PYTHON_SCRIPTS = sorted(os.path.relpath(p, ROOT) for folder in ("scripts", "benchmarks")
+                        for p in glob.glob(os.path.join(ROOT, folder, "*.py")) if os.path.relpath(p, ROOT) not in LIBRARIES)
 SERVERS = ["babyai", "textcraft", "sciworld", "alfworld", "searchqa", "tau2"]
 # what a file listing leaves out: caches Python and pytest write for any import, and the venvs' insides (their
 # top-level entries are listed on their own: a venv being built shows there)
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".venv", ".venvs"}
 MARKER = "COPE_HELP_PROBE"
-CODE = ["scripts", "cope_rlhf", "env_gateway", "agent_funcs", "examples", "data", "pyproject.toml",
+CODE = ["scripts", "benchmarks", "cope_rlhf", "env_gateway", "agent_funcs", "examples", "data", "pyproject.toml",
         "requirements.txt", "requirements-cpu.txt", "requirements-cuda.txt", "constraints-cpu.txt"]
 
 
