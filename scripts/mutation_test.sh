@@ -13,9 +13,9 @@
 # (pinned) runs inside .venv's interpreter, as its tests do (it forks per mutant after importing them once); it and
 # the packages .venv lacks are installed into .venvs/mutmut-lib, put on PYTHONPATH for mutmut only, so .venv itself
 # is not changed. Per file: <MUTATION_OUT>/<file>.txt (default runs/mutation), the tally and every survivor's diff.
-# MUTATION_SAMPLE=N tests N of a file's mutants drawn uniformly (seed 0) instead of all of them, for a file whose tests
-# take minutes per mutant (the BabyAI server's: 1,122 mutants, its AgentGym parity test alone 2 minutes); the tally
-# is then an estimate, its report says so.
+# MUTATION_SAMPLE=N tests N of a file's mutants drawn uniformly (seed MUTATION_SAMPLE_SEED, default 0; another seed
+# draws another sample) instead of all of them, for a file whose tests take minutes per mutant (the BabyAI server's:
+# 1,122 mutants, its AgentGym parity test alone 2 minutes); the tally is then an estimate, its report says so.
 # A survivor is a missing test or an equivalent mutant (one that changes no behaviour); the note reporting a run says
 # which.
 case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
@@ -124,11 +124,11 @@ for file in "${files[@]}"; do
       # a run that matches no mutant generates them all and maps them to tests, then stops: the sample is drawn from
       # the generated names, and the second run reuses the mapping
       mutmut run "no-such-mutant" > "$work/generate.log" 2>&1 || true
-      mapfile -t sample < <("$ROOT/.venv/bin/python" - "$MUTATION_SAMPLE" <<'PY'
+      mapfile -t sample < <("$ROOT/.venv/bin/python" - "$MUTATION_SAMPLE" "${MUTATION_SAMPLE_SEED:-0}" <<'PY'
 import glob, json, random, sys
 names = sorted(k for meta in glob.glob("mutants/**/*.meta", recursive=True)
                for k in json.load(open(meta))["exit_code_by_key"])
-print("\n".join(sorted(random.Random(0).sample(names, min(int(sys.argv[1]), len(names))))))
+print("\n".join(sorted(random.Random(int(sys.argv[2])).sample(names, min(int(sys.argv[1]), len(names))))))
 PY
 )
       if ((${#sample[@]})); then mutmut run "${sample[@]}" > "$work/run.log" 2>&1 || true
@@ -140,7 +140,8 @@ PY
     {
       echo "# mutmut 3.8.1 on $file at $source, tests: ${tests[*]}${VENV[$file]:+ (run by ${VENV[$file]})}"
       [[ -z "${MUTATION_SAMPLE:-}" ]] ||
-        echo "# a uniform sample (seed 0) of ${#sample[@]} mutants; the others are 'not checked': an estimate"
+        echo "# a uniform sample (seed ${MUTATION_SAMPLE_SEED:-0}) of ${#sample[@]} mutants; the others are" \
+             "'not checked': an estimate"
       tr '\r' '\n' < run.log | grep -v '^\s*$' | tail -n 1
       mutmut results --all true | awk '{print $NF}' | sort | uniq -c
       for id in $(mutmut results | awk -F: '/: survived/ {print $1}'); do
