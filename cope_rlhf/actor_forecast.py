@@ -30,7 +30,8 @@ import torch
 
 from cope_rlhf.actor_forwards import _device
 from cope_rlhf.branches import contiguous_span
-from cope_rlhf.forecast import ForecastSample, forecast_loss, pack_forecast_samples, packed_forecast_nll
+from cope_rlhf.forecast import (ForecastSample, forecast_loss, kept_logit_columns, pack_forecast_samples,
+                               packed_forecast_nll)
 
 STAND_IN = ForecastSample([0, 0], [0, 1], row=-1, turn=0, weight=0.0)  # a forecast forward with no weight
 
@@ -43,8 +44,9 @@ class ForecastTraining:
         """Joint mode: the policy's forward inside this block (OpenRLHF's training forward, one per micro-step)
         also runs the forecast. Row b of the micro-batch (right-padded, as OpenRLHF collates) becomes the trunk of a
         packed row with ``forecast[b]``'s samples as branches after it (``forecast.pack_forecast_samples``), under
-        ``_cope_attention``; the model sees the packed rows and hands back the trunk columns [0, T) as the logits
-        OpenRLHF reads (the same values: a trunk token sees only the trunk). Yields a dict that gets ``nll``
+        ``_cope_attention``; the model sees the packed rows, runs its LM head at the trunk columns [0, T) and the
+        columns that predict a target only (``forecast.kept_logit_columns``), and hands back the trunk columns as
+        the logits OpenRLHF reads (the same values: a trunk token sees only the trunk). Yields a dict that gets ``nll``
         (coef * sum w nll / this micro-batch's target tokens, with gradient) and ``targets`` (their count)."""
         model, found = self.actor.model, {}
         own_forward = model.__dict__.get("forward")
@@ -63,14 +65,19 @@ class ForecastTraining:
                     raise ValueError("joint forecast: the micro-batch's rows must be right-padded, as OpenRLHF "
                                      f"collates them; row {b} starts at column {first}")
                 trunks.append(input_ids[b, :end].tolist())
-            packed = pack_forecast_samples([s for row in rows for s in row], trunks, input_ids.shape[1])
+            width = input_ids.shape[1]
+            # the LM head at OpenRLHF's trunk columns and the target-predicting ones only: no loss reads the other
+            # branch columns, whose full-vocabulary logits would set the joint step's peak memory at a real vocabulary
+            keep, packed = kept_logit_columns(
+                pack_forecast_samples([s for row in rows for s in row], trunks, width), trunk_width=width)
             mask = build(packed.rows)
             out = run(packed.rows.input_ids.to(input_ids.device),
                       attention_mask=mask.to(input_ids.device) if isinstance(mask, torch.Tensor) else mask,
-                      position_ids=packed.rows.position_ids.to(input_ids.device), **kwargs)
+                      position_ids=packed.rows.position_ids.to(input_ids.device),
+                      logits_to_keep=keep.to(input_ids.device), **kwargs)
             found["nll"] = packed_forecast_nll(out["logits"], packed, self.cope.action_forecast_coef, temperature)
             found["targets"] = len(packed.labels)
-            out["logits"] = out["logits"][:, : input_ids.shape[1]]
+            out["logits"] = out["logits"][:, :width]
             return out
 
         with self._cope_attention() as build:

@@ -339,9 +339,11 @@ def forecast_loss(
     return packed_forecast_nll(logits, packed, coef)
 
 
-def kept_logit_columns(packed: PackedForecast) -> Tuple[torch.Tensor, PackedForecast]:
-    """Only the columns that predict a target token need logits: (those columns, for ``logits_fn``'s ``keep``;
-    the same samples with ``logit_index`` pointing into them)."""
-    keep, where = logit_columns(packed.logit_index[:, 1], packed.rows.input_ids.shape[1])
+def kept_logit_columns(packed: PackedForecast, trunk_width: int = 0) -> Tuple[torch.Tensor, PackedForecast]:
+    """Only the columns that predict a target token need logits, and columns [0, ``trunk_width``) (joint mode: the
+    trunk logits OpenRLHF reads, which stay the first ``trunk_width`` kept): (those columns, for ``logits_fn``'s
+    ``keep``; the same samples with ``logit_index`` pointing into them)."""
+    columns = torch.cat([torch.arange(trunk_width), packed.logit_index[:, 1]])
+    keep, where = logit_columns(columns, packed.rows.input_ids.shape[1])
     index = torch.stack([packed.logit_index[:, 0], where[packed.logit_index[:, 1]]], 1)
     return keep, dataclasses.replace(packed, logit_index=index)

@@ -703,14 +703,17 @@ def test_joint_mode_adds_the_forecast_gradient_to_the_ppo_step(micro_batch, mode
     before = params(trainer)
     experience, samples = with_forecast_weights(batch, tok, args)
     stock_status = train_once(stock, batch)
-    forwards = []  # what the transformer itself is handed, once per forward
+    forwards, heads = [], []  # what the transformer and its LM head are handed, once per forward
     trainer.actor.model.model.register_forward_pre_hook(
         lambda module, args, kwargs: forwards.append((kwargs["attention_mask"].dim(), *kwargs["input_ids"].shape)),
         with_kwargs=True)
+    trainer.actor.model.lm_head.register_forward_pre_hook(lambda module, args: heads.append(args[0].shape[1]))
     status = train_once(trainer, experience)
-    assert len(forwards) == 4 // micro_batch
+    assert len(forwards) == len(heads) == 4 // micro_batch
     assert all(dims == 4 and rows == micro_batch for dims, rows, _ in forwards)
     assert sum(width for _, _, width in forwards) > experience.sequences.shape[1] * 4 // micro_batch  # + branches
+    # the LM head runs at the trunk's columns and the target-predicting ones, not at the branches' prompts
+    assert all(experience.sequences.shape[1] < head < width for head, (_, _, width) in zip(heads, forwards))
     assert status["cope/forecast_samples_trained"] == len(samples) and status["cope/forecast_optimizer_steps"] == 0
     reference.actor.train()
     loss = reference._forecast_share(samples, float(sum(sum(s.loss_mask[1:]) for s in samples)))
