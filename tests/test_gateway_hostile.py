@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from env_gateway.client import BackendFailed, BadAnswer, GatewayClient
 from env_gateway.config import ConfigError, EnvConfig, GatewayConfig
@@ -342,9 +343,17 @@ async def create_and_hang_up(url: str, after: float) -> None:
     writer.close()
 
 
+def create_errors(gw: Gateway) -> dict:
+    """The gateway's counts of its answers to creates, by status and by error name, from its /metrics text."""
+    samples = [s for f in text_string_to_metric_families(gw.metrics.render().decode()) for s in f.samples
+               if s.labels.get("endpoint") == "create"]
+    return {s.labels.get("code") or s.labels["error"]: s.value for s in samples
+            if s.name in ("cope_gateway_requests_total", "cope_gateway_errors_total")}
+
+
 def test_a_client_that_gives_up_during_its_create_leaves_no_session_and_no_instance():
     """Was: the session opened anyway and nobody held it: it and its backend instance blocked capacity until the
-    session TTL (15 min)."""
+    session TTL (15 min). No one reads the answer; the metrics count it as the client's doing."""
     async def main():
         async with running("agentgym", delay=1.0) as (backend, burl), gateway({"babyai": [burl]}) as (gw, url):
             await create_and_hang_up(url, after=0.1)  # the reset takes 1 s: the client is gone before it ends
@@ -352,6 +361,7 @@ def test_a_client_that_gives_up_during_its_create_leaves_no_session_and_no_insta
             await until(lambda: backend.counts["close"] == 1, timeout=5)
             assert not gw.sessions and not backend.instances
             assert gw.pools["babyai"].replicas[0].sessions == 0
+            assert create_errors(gw) == {"400": 1.0, "client_disconnected": 1.0}
     run(main())
 
 
@@ -366,8 +376,9 @@ def test_a_create_whose_client_left_while_it_queued_sends_nothing():
             await asyncio.sleep(0.5)  # the hang-up has reached the gateway
             replica.slots.release()
             await until(lambda: replica.slots.used == 0 and not replica.slots.waiters)
-            await asyncio.sleep(0.1)
+            await until(lambda: create_errors(gw))
             assert backend.counts["create"] == 0 and not gw.sessions and replica.sessions == 0
+            assert create_errors(gw) == {"400": 1.0, "client_disconnected": 1.0}
     run(main())
 
 
