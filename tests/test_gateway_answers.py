@@ -575,3 +575,12 @@ def test_an_api_error_reads_as_its_detail():
     """What a log line or a traceback of one shows."""
     assert str(ApiError(503, "overloaded", "the replica is full: retry later", retry_after=1)) == (
         "the replica is full: retry later")
+
+
+def test_an_answer_never_carries_nan_or_infinity():
+    """Every answer is standard JSON: a non-finite number raises where the answer is made (the middleware turns that
+    into a JSON 500) instead of going out as ``NaN``, which strict parsers (and this project's client) refuse."""
+    for value in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+            gateway_module.answer({"reward": value})
+    assert json.loads(gateway_module.answer({"reward": 1.5}).text) == {"reward": 1.5}
