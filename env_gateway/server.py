@@ -178,7 +178,6 @@ class Session:
     pool: Pool
     replica: Replica
     handle: Any
-    item_id: Any
     last_used: float
     busy: bool = False
 
@@ -403,7 +402,7 @@ class Gateway:
             replica, handle, obs, info = await self._open(pool, item_id, seed, request)
         finally:
             self.opening -= 1
-        session = Session(secrets.token_hex(12), pool, replica, handle, item_id, asyncio.get_running_loop().time())
+        session = Session(secrets.token_hex(12), pool, replica, handle, asyncio.get_running_loop().time())
         if client_gone(request):  # it gave up while the session opened: nobody can ever hold it, so close it now
             replica.sessions -= 1
             self._background(self.close_in_background(session))

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 import time
 from typing import Any, AsyncIterator
@@ -85,6 +86,8 @@ def test_full_episode_and_close():
                         r = await s.step("move nowhere")
                     assert (r.reward, r.done) == (0.0, True)
                     sid = s.id
+                # a session id is 96 random bits in hex: not guessable, not the backend's instance id
+                assert re.fullmatch(r"[0-9a-f]{24}", sid), sid
                 with pytest.raises(SessionGone, match=f"session {sid} is closed by the client; open a new one"):
                     await client.step(sid, "move 0")
                 assert backend.counts == {"create": 2, "reset": 2, "step": 8, "close": 2}

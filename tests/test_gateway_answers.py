@@ -433,7 +433,7 @@ def test_unknown_envs_seeds_fields_and_the_session_limit_are_answered_in_full():
 def test_the_background_close_backs_off_from_half_a_second_to_ten_and_stops_when_it_should(monkeypatch):
     gw = Gateway(GatewayConfig(envs={"babyai": EnvConfig("babyai", ["http://a:1"])}))
     replica = gw.pools["babyai"].replicas[0]
-    session = gateway_module.Session("s", gw.pools["babyai"], replica, None, 1, 0.0)
+    session = gateway_module.Session("s", gw.pools["babyai"], replica, None, 0.0)
     slept: list[float] = []
     real_sleep = asyncio.sleep
 
