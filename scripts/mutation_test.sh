@@ -16,6 +16,8 @@
 # MUTATION_SAMPLE=N tests N of a file's mutants drawn uniformly (seed MUTATION_SAMPLE_SEED, default 0; another seed
 # draws another sample) instead of all of them, for a file whose tests take minutes per mutant (the BabyAI server's:
 # 1,122 mutants, its AgentGym parity test alone 2 minutes); the tally is then an estimate, its report says so.
+# MUTATION_ONLY="probe reap_loop Pool.__init__" tests only the mutants of those functions (a method: its name, or
+# Class.method), e.g. the rest of a run that was stopped; its report says which.
 # A survivor is a missing test or an equivalent mutant (one that changes no behaviour); the note reporting a run says
 # which.
 case " $* " in *" -h "* | *" --help "*) exec bash "$(dirname "${BASH_SOURCE[0]}")/lib/help.sh" "${BASH_SOURCE[0]}" ;; esac
@@ -135,10 +137,16 @@ PY
       else { echo "mutation_test.sh: mutmut generated no mutants of $file:"; tail -n 20 generate.log; } | tee run.log >&2
       fi
     else
-      mutmut run > "$work/run.log" 2>&1 || true  # exit status: whether mutants survived; the report says which
+      only=()  # mutmut takes fnmatch patterns of mutant names: module.x_func__mutmut_N, module.xǁClassǁmethod__mutmut_N
+      for name in ${MUTATION_ONLY:-}; do
+        if [[ $name == *.* ]]; then only+=("*ǁ${name%%.*}ǁ${name#*.}__mutmut_*")
+        else only+=("*ǁ${name}__mutmut_*" "*.x_${name}__mutmut_*"); fi
+      done
+      mutmut run "${only[@]}" > "$work/run.log" 2>&1 || true  # exit status: whether mutants survived
     fi
     {
       echo "# mutmut 3.8.1 on $file at $source, tests: ${tests[*]}${VENV[$file]:+ (run by ${VENV[$file]})}"
+      [[ -z "${MUTATION_ONLY:-}" ]] || echo "# only the mutants of: $MUTATION_ONLY; the others are 'not checked'"
       [[ -z "${MUTATION_SAMPLE:-}" ]] ||
         echo "# a uniform sample (seed ${MUTATION_SAMPLE_SEED:-0}) of ${#sample[@]} mutants; the others are" \
              "'not checked': an estimate"
