@@ -532,6 +532,19 @@ def test_shutdown_closes_open_sessions_on_their_backend_and_does_not_wait_on_one
     run(main(), timeout=20)
 
 
+def test_shutdown_returns_once_its_background_loops_have_ended():
+    """The health probe and the reaper are cancelled and awaited: none is left pending when the app's cleanup ends
+    (asyncio would report it destroyed while pending when the loop closes)."""
+    async def main():
+        gw = Gateway(GatewayConfig(envs={"babyai": EnvConfig("babyai", ["http://127.0.0.1:9"])}))
+        await gw.start()
+        loops = list(gw._tasks)
+        assert len(loops) == 2 and not any(task.done() for task in loops)
+        await gw.stop()
+        assert all(task.cancelled() for task in loops)
+    run(main())
+
+
 def test_a_waiter_cancelled_after_it_was_handed_the_slot_hands_it_on_and_one_cancelled_otherwise_takes_nothing():
     async def main():
         slots = Slots(1)
