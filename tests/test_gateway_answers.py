@@ -492,6 +492,8 @@ def test_a_reaped_session_is_counted_for_its_env():
 @pytest.mark.parametrize("request_timeout,probe_timeout", [(30.0, 5.0), (2.0, 2.0)])
 def test_the_health_probe_waits_at_most_5s_and_puts_a_replica_back_with_its_error_cleared(caplog, request_timeout,
                                                                                         probe_timeout):
+    """A replica goes out of rotation on its first failed probe, stays out while probes fail, and comes back (error
+    cleared) on the first that answers; each change is logged once, a healthy replica's probe logs nothing."""
     gw = Gateway(GatewayConfig(envs={"babyai": EnvConfig("babyai", ["http://a:1"])}, request_timeout=request_timeout))
     pool = gw.pools["babyai"]
     replica, answers, timeouts = pool.replicas[0], [], []
@@ -502,13 +504,16 @@ def test_the_health_probe_waits_at_most_5s_and_puts_a_replica_back_with_its_erro
             return answers.pop(0)
 
     pool.adapter = Probe()
-    answers[:] = [False, True]
+    answers[:] = [True, False, False, True]  # healthy and answering; down; still down; back
     with caplog.at_level(logging.INFO, logger="env_gateway"):
         asyncio.run(gw.probe(pool, replica))
-        assert (replica.healthy, replica.last_error) == (False, "health check failed (no answer on GET /)")
+        assert (replica.healthy, replica.last_error) == (True, "") and not caplog.messages
+        for _ in range(2):
+            asyncio.run(gw.probe(pool, replica))
+            assert (replica.healthy, replica.last_error) == (False, "health check failed (no answer on GET /)")
         asyncio.run(gw.probe(pool, replica))
     assert (replica.healthy, replica.last_error) == (True, "")
-    assert timeouts == [probe_timeout, probe_timeout]
+    assert timeouts == [probe_timeout] * 4
     assert caplog.messages == ["replica http://a:1 out of rotation: health check failed (no answer on GET /)",
                                "replica http://a:1 (babyai) answers again: back in rotation"]
 
