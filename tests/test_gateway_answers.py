@@ -537,9 +537,9 @@ def test_shutdown_closes_open_sessions_on_their_backend_and_does_not_wait_on_one
     run(main(), timeout=20)
 
 
-def test_shutdown_returns_once_its_background_loops_have_ended():
+def test_shutdown_returns_once_its_background_loops_have_ended_and_needs_no_start():
     """The health probe and the reaper are cancelled and awaited: none is left pending when the app's cleanup ends
-    (asyncio would report it destroyed while pending when the loop closes)."""
+    (asyncio would report it destroyed while pending when the loop closes). A gateway never started stops too."""
     async def main():
         gw = Gateway(GatewayConfig(envs={"babyai": EnvConfig("babyai", ["http://127.0.0.1:9"])}))
         await gw.start()
@@ -547,6 +547,8 @@ def test_shutdown_returns_once_its_background_loops_have_ended():
         assert len(loops) == 2 and not any(task.done() for task in loops)
         await gw.stop()
         assert all(task.cancelled() for task in loops)
+        never_started = Gateway(GatewayConfig(envs={"babyai": EnvConfig("babyai", ["http://127.0.0.1:9"])}))
+        await never_started.stop()  # an app whose start-up failed is still cleaned up: nothing to stop, no error
     run(main())
 
 
