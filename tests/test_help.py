@@ -39,7 +39,8 @@ PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 SHELL_SCRIPTS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "scripts", "*.sh")))
 LIBRARIES = {"scripts/agent_metrics.py"}  # imported by other scripts, not run
 PYTHON_SCRIPTS = sorted(os.path.relpath(p, ROOT) for folder in ("scripts", "benchmarks")
-                        for p in glob.glob(os.path.join(ROOT, folder, "*.py")) if os.path.relpath(p, ROOT) not in LIBRARIES)
+                        for p in glob.glob(os.path.join(ROOT, folder, "*.py"))
+                        if os.path.relpath(p, ROOT) not in LIBRARIES)
 SERVERS = ["babyai", "textcraft", "sciworld", "alfworld", "searchqa", "tau2"]
 # what a file listing leaves out: caches Python and pytest write for any import, and the venvs' insides (their
 # top-level entries are listed on their own: a venv being built shows there)
