@@ -310,7 +310,7 @@ def pack_forecast_samples(samples: Sequence[ForecastSample], trunks: Optional[Se
     return PackedForecast(rows, index, cat(labels, dtype=torch.long), cat(weights))
 
 
-def packed_forecast_nll(logits: torch.Tensor, packed: PackedForecast, coef: float = 1.0,
+def packed_forecast_nll(logits: torch.Tensor, packed: PackedForecast, coef: float,
                         temperature: float = 1.0) -> torch.Tensor:
     """L_AF from the logits of the packed rows (``logit_index`` points at the logits that predict each label),
     divided by the rollout ``temperature`` (as OpenRLHF's ``Actor.forward`` divides the policy's)."""
@@ -325,7 +325,7 @@ def packed_forecast_nll(logits: torch.Tensor, packed: PackedForecast, coef: floa
 def forecast_loss(
     logits_fn: Callable,
     samples: Sequence[ForecastSample],
-    coef: float = 1.0,
+    coef: float,
     block_mask: BlockMaskFn = dense_mask,
     device=None,
 ) -> torch.Tensor:

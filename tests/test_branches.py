@@ -276,7 +276,8 @@ def test_packed_forecast_rows_share_the_trajectory(tok, batch):
     assert len(packed.labels) == sum(sum(s.loss_mask[1:]) for s in samples)
     broken = [s for s in samples if s.row == 2][:2]
     broken[1] = type(broken[1])(**{**broken[1].__dict__, "input_ids": [7] + broken[1].input_ids[1:]})
-    with pytest.raises(ValueError, match="do not share its tokens"):
+    with pytest.raises(ValueError, match=r"do not share its tokens \(input_ids\[:prefix_len\]\); give each "
+                                         "trajectory its own row number"):
         pack_forecast_samples(broken)
 
 

@@ -1,5 +1,7 @@
 """Action forecast: realized actions, invalid detection, samples in both layouts, gate, weights, NLL."""
 
+import copy
+
 import pytest
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
@@ -14,9 +16,11 @@ from cope_rlhf.forecast import (
     build_forecast_samples,
     forecast_loss,
     forecast_weights,
+    kept_logit_columns,
     load_action_format,
     pack_forecast_samples,
     packed_forecast_nll,
+    rejected_turns,
     trajectory_gate,
 )
 from cope_rlhf.turns import turn_spans, unpadded_trajectories
@@ -62,6 +66,7 @@ def test_list_layout_reads_as_designed(tok, episode):
     tokens, turns = episode
     samples = build_forecast_samples(tokens, turns, tok, k=3, layout="list")
     assert [s.turn for s in samples] == [0, 1, 2, 3]
+    assert {(s.row, s.weight) for s in samples} == {(0, 1.0)}  # one trajectory's samples: row 0, weight 1
     second = samples[1]
     text = tok.decode(second.input_ids)
     prefix = tok.decode(tokens[: turns[1].action_start])
@@ -74,6 +79,7 @@ def test_list_layout_reads_as_designed(tok, episode):
     header = len(tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
     assert second.prefix_len == turns[1].action_start - header
     assert second.input_ids[: second.prefix_len] == tokens[: second.prefix_len]  # trajectory tokens reused as is
+    assert set(second.loss_mask) == {0, 1}
     target = tok.decode([i for i, m in zip(second.input_ids, second.loss_mask) if m])
     assert target == "open door\ntoggle and go through door\npick up key<|im_end|>\n"
     assert [tok.decode(second.input_ids[a:b]) for _, a, b in second.slots] == [
@@ -96,11 +102,33 @@ def test_turns_layout_and_skip_invalid(tok, episode):
         f"<|im_start|>user\n{PLAN_TURNS.format(k=2)}<|im_end|>\n<|im_start|>assistant\ntoggle and go through door"
         "<|im_end|>\n<|im_start|>user\nNext action?<|im_end|>\n<|im_start|>assistant\npick up key<|im_end|>\n"
     )
+    assert set(third.loss_mask) == {0, 1}
     target = tok.decode([i for i, m in zip(third.input_ids, third.loss_mask) if m])
     assert target == "toggle and go through door<|im_end|>\npick up key<|im_end|>\n"
+    # a turn whose whole window was rejected issues no sample; the turns after it still do
+    assert [s.turn for s in build_forecast_samples(tokens, turns, tok, k=1, layout="turns", skip_invalid=True,
+                                                   action_format=ALFWorldAgent)] == [0, 2, 3]
     # without skip-invalid the failed action stays a target
     assert [[t for t, _, _ in s.slots] for s in build_forecast_samples(
         tokens, turns, tok, k=2, layout="turns", action_format=ALFWorldAgent)] == [[0, 1], [1, 2], [2, 3], [3]]
+
+
+def test_a_reply_opening_of_the_chat_template_is_part_of_the_target(tok, episode):
+    """Where the template opens each assistant message with text of its own after the generation prompt (here an
+    empty think block, as reasoning models' templates do), the forecast's reply opens with it too, and it is a
+    target: the policy would write it first."""
+    tokens, turns = episode
+    thinking = copy.deepcopy(tok)
+    think = "{% if m['role'] == 'assistant' %}<think>\n\n</think>\n\n{% endif %}"
+    thinking.chat_template = tok.chat_template.replace("\n{{ m['content'] }}", "\n" + think + "{{ m['content'] }}")
+    for layout, expected in (("list", "<think>\n\n</think>\n\nopen door\ntoggle and go through door<|im_end|>\n"),
+                             ("turns", "<think>\n\n</think>\n\nopen door<|im_end|>\n<think>\n\n</think>\n\n"
+                                       "toggle and go through door<|im_end|>\n")):
+        second = build_forecast_samples(tokens, turns, thinking, k=2, layout=layout)[1]
+        assert set(second.loss_mask) == {0, 1}
+        assert tok.decode([i for i, m in zip(second.input_ids, second.loss_mask) if m]) == expected
+        assert [tok.decode(second.input_ids[a:b]) for _, a, b in second.slots] == ["open door",
+                                                                                   "toggle and go through door"]
 
 
 def test_long_prefix_is_left_truncated(tok, episode):
@@ -110,6 +138,8 @@ def test_long_prefix_is_left_truncated(tok, episode):
     assert [len(s.input_ids) for s in cut[:2]] == [len(s.input_ids) for s in full[:2]]  # short enough: unchanged
     assert cut[2].input_ids == full[2].input_ids[5:] and cut[2].loss_mask == full[2].loss_mask[5:]
     assert cut[2].prefix_len == 0  # shares no positions with its trajectory any more
+    one_over = build_forecast_samples(tokens, turns, tok, k=2, max_length=len(full[2].input_ids) - 1)[2]
+    assert one_over.input_ids == full[2].input_ids[1:] and one_over.prefix_len == 0  # one token over is cut too
     assert [tok.decode(cut[2].input_ids[a:b]) for _, a, b in cut[2].slots] == ["toggle and go through door",
                                                                                "pick up key"]
     # only the prefix is cut, never the plan-ahead message or the target
@@ -119,7 +149,8 @@ def test_long_prefix_is_left_truncated(tok, episode):
 
 def test_prompt_without_chat_template_is_rejected(tok, episode):
     tokens, turns = episode
-    with pytest.raises(ValueError, match="assistant header"):
+    with pytest.raises(ValueError, match="assistant header .* need the agent's prompts rendered with the tokenizer's "
+                                         "chat template"):
         build_forecast_samples(tokens[1:], [t._replace(action_start=t.action_start - 2) for t in turns], tok, k=2)
     with pytest.raises(ValueError, match="allowed: list, turns"):
         build_forecast_samples(tokens, turns, tok, k=2, layout="grid")
@@ -145,10 +176,14 @@ def test_group_norm_weights_hand_computed():
     assert group_norm_weights([], 4) == []
 
 
-def test_forecast_loss_is_the_weighted_token_mean(tok, episode):
-    """L_AF = coef * sum_i w_i sum_target nll / N_target, against each sample's own forward."""
+@pytest.mark.parametrize("cut", [0, 5])
+def test_forecast_loss_is_the_weighted_token_mean(tok, episode, cut):
+    """L_AF = coef * sum_i w_i sum_target nll / N_target, against each sample's own forward; also when the last
+    sample was left-truncated (it then shares no prefix, and the trajectory's trunk is its longest kept prefix)."""
     tokens, turns = episode
-    samples = build_forecast_samples(tokens, turns, tok, k=2, row=0)[:3]
+    longest = len(build_forecast_samples(tokens, turns, tok, k=2)[2].input_ids)
+    samples = build_forecast_samples(tokens, turns, tok, k=2, row=0, max_length=longest - cut)[:3]
+    assert [s.prefix_len == 0 for s in samples] == [False, False, cut > 0]
     for s, w in zip(samples, (2.0, 0.5, 1.0)):
         s.weight = w
     model = tiny_model(len(tok))
@@ -184,6 +219,42 @@ def test_packed_forecast_nll_reads_the_logits_at_the_rollout_temperature(tok, ep
     assert float(loss) != pytest.approx(float(packed_forecast_nll(logits, packed, coef=0.3)), rel=1e-3)
     empty = packed_forecast_nll(logits, pack_forecast_samples([]), coef=0.3, temperature=2.0)
     assert float(empty) == 0.0 and empty.requires_grad
+
+
+def test_joint_mode_packs_one_row_per_trunk_with_or_without_samples(tok, episode):
+    """With ``trunks`` (joint mode: the PPO micro-batch's rows), row r of the packed rows is trunk r with sample.row
+    == r's samples after it, in the trunks' order, at least ``width`` wide; a micro-batch without samples packs too
+    (an empty, integer target index; the trunk columns kept for the policy's logits)."""
+    tokens, turns = episode
+    samples = build_forecast_samples(tokens, turns, tok, k=2, row=1)
+    other = tokens[:9]
+    packed = pack_forecast_samples(samples, trunks=[other, tokens], width=3 * len(tokens))
+    assert packed.rows.input_ids.shape == (2, 3 * len(tokens))
+    assert packed.rows.input_ids[0, :9].tolist() == other and int((packed.rows.segment[0] >= 0).sum()) == 9
+    assert packed.rows.input_ids[1, : len(tokens)].tolist() == tokens
+    assert set(packed.logit_index[:, 0].tolist()) == {1} and len(packed.labels) == sum(sum(s.loss_mask[1:])
+                                                                                       for s in samples)
+    empty = pack_forecast_samples([], trunks=[other], width=12)
+    assert empty.rows.input_ids.shape == (1, 12)
+    assert (empty.logit_index.dtype, empty.logit_index.shape, empty.labels.dtype) == (torch.long, (0, 2), torch.long)
+    keep, kept = kept_logit_columns(empty, trunk_width=12)
+    assert keep.tolist() == list(range(12)) and kept.logit_index.shape == (0, 2)
+
+
+def test_the_action_format_reads_the_feedback_without_the_chat_templates_special_tokens(tok, episode):
+    """``is_invalid`` (an agent func's own, or a user's) gets the text after each action as the env wrote it,
+    between the chat template's turns, never the template's special tokens."""
+    tokens, turns = episode
+    seen = []
+
+    class Recording(ReActFormat):
+        @staticmethod
+        def is_invalid(observation: str) -> bool:
+            seen.append(observation)
+            return False
+
+    assert rejected_turns(tokens, turns, tok, Recording()) == [False] * 4
+    assert seen == [f"\nuser\n{feedback}\nassistant\n" for feedback in OBS[1:]]
 
 
 def test_forecast_weights_gate_and_group_norm(tok):
