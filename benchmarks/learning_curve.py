@@ -2,11 +2,14 @@
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--lr X] [--samples-per-prompt N]
-        [--prompts-per-step N] [--out runs/learning_curve]
+        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N] [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI:
 the quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model
-and its SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. Then every (config, seed) is its own
+and its SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. ``--base-model DIR`` warm-starts that pretrained
+checkpoint instead of a tiny model (SmolLM2-135M-Instruct: ``scripts/get_smollm2.py``), with ``--sft-lr`` and
+``--sft-epochs`` in place of the warm start's (a pretrained model wants a far lower rate than a tiny one's 2e-3, and
+``--lr`` for RL likewise); such a study gets its own ``--out``. Then every (config, seed) is its own
 ``python -m cope_rlhf.local train`` process from that model: the quickstart's recipe (``RECIPE``; ``--lr``,
 ``--samples-per-prompt`` and ``--prompts-per-step`` put another value in place of its own, and such a study gets its
 own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval; an eval cached in
@@ -147,11 +150,16 @@ def run_child(cmd: list[str], log=None, env: dict | None = None) -> int:
         raise
 
 
-def warm_start(env: str, out: str) -> str:
+def warm_start(env: str, out: str, args: argparse.Namespace) -> str:
     folder = os.path.join(out, env, "warm_start")
     if not os.path.isdir(os.path.join(folder, "model-sft")):
+        flags = list(WARM_START[env])
+        if args.sft_epochs is not None:
+            flags[flags.index("--epochs") + 1] = str(args.sft_epochs)
+        flags += [*(["--sft-lr", str(args.sft_lr)] if args.sft_lr is not None else []),
+                  *(["--base-model", args.base_model] if args.base_model is not None else [])]
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "prepare_warm_start.py"), "--env", env, "--out", folder,
-               *WARM_START[env]]
+               *flags]
         print(f"[learning_curve] {env}: warm start -> {folder}", flush=True)
         if run_child(cmd) != 0:
             raise RuntimeError(f"{env}: the warm start failed; see its output above")
@@ -411,6 +419,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--samples-per-prompt", type=int,
                         help="episodes per prompt, GRPO's group (default: RECIPE's, 8)")
     parser.add_argument("--prompts-per-step", type=int, help="prompts per training step (default: RECIPE's, 8)")
+    parser.add_argument("--base-model", help="warm-start this pretrained checkpoint folder (e.g. SmolLM2 from "
+                                             "scripts/get_smollm2.py) instead of a tiny model built per env")
+    parser.add_argument("--sft-lr", type=float, help="the warm start's SFT learning rate (default: "
+                                                     "prepare_warm_start.py's, 2e-3, for a tiny model)")
+    parser.add_argument("--sft-epochs", type=int, help="the warm start's SFT epochs (default: WARM_START's per env)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
@@ -428,6 +441,11 @@ def main(argv: list[str] | None = None) -> str:
     if (args.lr is not None and args.lr <= 0) or episodes % train_batch:
         parser.error(f"--lr must be > 0, and --samples-per-prompt x --prompts-per-step (now {episodes} episodes a "
                      f"step) a multiple of the recipe's --train.batch_size {train_batch}")
+    if (args.sft_lr is not None and args.sft_lr <= 0) or (args.sft_epochs is not None and args.sft_epochs < 1):
+        parser.error("--sft-lr must be > 0 and --sft-epochs >= 1")
+    if args.base_model is not None and not os.path.isfile(os.path.join(args.base_model, "config.json")):
+        parser.error(f"--base-model {args.base_model}: no config.json there; give a Hugging Face checkpoint folder "
+                     "(SmolLM2: python scripts/get_smollm2.py --out DIR)")
     if args.record and os.path.abspath(args.record) == os.path.abspath(args.out):
         parser.error("--record must be another folder than --out (the runs are already there)")
     # SIGTERM (a scheduler, kill) unwinds like Ctrl-C: the child running now and the evals' EnvStack are stopped on
@@ -447,7 +465,7 @@ def main(argv: list[str] | None = None) -> str:
     rows, trained = list(HEADER), list(TRAINING_HEADER)
     fig, axes = plt.subplots(1, len(args.envs), figsize=(6 * len(args.envs), 4), squeeze=False)
     for ax, env in zip(axes[0], args.envs):
-        start = os.path.join(args.out, env, "warm_start") if args.report_only else warm_start(env, args.out)
+        start = os.path.join(args.out, env, "warm_start") if args.report_only else warm_start(env, args.out, args)
         items = os.path.join(start, "data", "heldout.jsonl")
         turns = args.max_turns or TURNS[env]
         runs = {}

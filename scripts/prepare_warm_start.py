@@ -1,9 +1,10 @@
 """Everything an RL run on one machine starts from: training and held-out item ids, expert demos, a small model
-built here, and its supervised warm start.
+built here (or a pretrained one), and its supervised warm start.
 
     python scripts/prepare_warm_start.py --env babyai --out DIR [--levels 1] [--heldout 200] [--demos 300]
                                          [--epochs 16] [--sft-lr 2e-3] [--sft-schedule cosine] [--seed 0]
                                          [--sft-bf16] [--hidden-size 128] [--layers 2] [--texts-per-goal 1]
+                                         [--base-model CHECKPOINT]
 
 Starts the env's real server (``.venvs/<env>``), asks it for the train split's item ids (``GET /items``), keeps
 BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
@@ -15,8 +16,11 @@ BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
                              (``--demo-policy view`` / ``view-random`` / ``view-hesitant``: make_demos.view_only_action
                              acts instead of the server's expert)
     DIR/model                scripts/make_tiny_model.py (tokenizer trained on the demos, ``--seed``; ``--hidden-size``
-                             and ``--layers``, one attention head per 64 of width)
-    DIR/model-sft            ``python -m cope_rlhf.local sft`` on the demos' successful episodes
+                             and ``--layers``, one attention head per 64 of width); not with ``--base-model``
+    DIR/model-sft            ``python -m cope_rlhf.local sft`` on the demos' successful episodes, from DIR/model or
+                             from ``--base-model`` (a Hugging Face checkpoint with a ChatML-like chat template, e.g.
+                             SmolLM2-135M-Instruct from scripts/get_smollm2.py; a pretrained model wants a far lower
+                             ``--sft-lr`` and fewer ``--epochs`` than the defaults, which suit a model built here)
 
 Why held-out ids come from the train split: the benchmarks' own test + dev splits are small (BabyAI: 20 seeds per
 level; one item moves a 20-item rate by 0.05, a 95% interval is about ±0.22). Held-out ids never meet training:
@@ -90,14 +94,25 @@ def main(argv: list[str] | None = None) -> dict:
                         help="SFT under bfloat16 autocast: faster on a CPU with AMX / AVX512-BF16, but it ends at a "
                              "higher loss and a weaker warm start")
     parser.add_argument("--seed", type=int, default=0, help="model weights and SFT order")
-    parser.add_argument("--hidden-size", type=int, default=128,
+    parser.add_argument("--hidden-size", type=int,
                         help="the model's width, a multiple of 64 (default 128: the quickstart's 0.66M parameters)")
-    parser.add_argument("--layers", type=int, default=2, help="the model's decoder layers (default 2)")
+    parser.add_argument("--layers", type=int, help="the model's decoder layers (default 2)")
+    parser.add_argument("--base-model", help="warm-start this Hugging Face checkpoint (a folder: config.json, weights, "
+                                             "a tokenizer with a ChatML-like chat template) instead of building a "
+                                             "small model here")
     parser.add_argument("--texts-per-goal", type=int, default=1,
                         help="TextCraft only: train on each training goal in this many texts (other distractors, "
                              "another line order; default 1, AgentGym's one text per goal), so that demos show a goal "
                              "read from lists that differ; held-out goals keep their one AgentGym text")
     args = parser.parse_args(argv)
+    if args.base_model is not None:
+        if args.hidden_size is not None or args.layers is not None:
+            parser.error("--hidden-size and --layers shape the model built here; --base-model brings its own")
+        if not os.path.isfile(os.path.join(args.base_model, "config.json")):
+            parser.error(f"--base-model {args.base_model}: no config.json there; give a Hugging Face checkpoint "
+                         "folder (SmolLM2: python scripts/get_smollm2.py --out DIR)")
+    args.hidden_size = 128 if args.hidden_size is None else args.hidden_size
+    args.layers = 2 if args.layers is None else args.layers
     if args.hidden_size < 64 or args.hidden_size % 64 or args.layers < 1:
         parser.error(f"--hidden-size must be a positive multiple of 64 (vLLM's CPU attention needs 64 per head) and "
                      f"--layers >= 1, got {args.hidden_size} and {args.layers}")
@@ -142,9 +157,10 @@ def main(argv: list[str] | None = None) -> dict:
     wins = sum(d["success"] for d in demos)
     print(f"[warm start] {wins}/{len(demos)} successful expert demos -> {demos_path} ({time.time() - t:.0f} s)",
           flush=True)
-    model, model_sft = os.path.join(args.out, "model"), os.path.join(args.out, "model-sft")
-    make_tiny_model(["--out", model, "--corpus", demos_path, "--seed", str(args.seed), "--hidden-size",
-                     str(args.hidden_size), "--layers", str(args.layers), "--heads", str(args.hidden_size // 64)])
+    model, model_sft = args.base_model or os.path.join(args.out, "model"), os.path.join(args.out, "model-sft")
+    if args.base_model is None:
+        make_tiny_model(["--out", model, "--corpus", demos_path, "--seed", str(args.seed), "--hidden-size",
+                         str(args.hidden_size), "--layers", str(args.layers), "--heads", str(args.hidden_size // 64)])
     result = sft(model, demos_path, model_sft, args.epochs, args.sft_lr, 8, 2048, args.seed, args.sft_schedule,
                  args.sft_bf16)
     print(f"[warm start] SFT model -> {model_sft}", flush=True)

@@ -1,6 +1,7 @@
 """benchmarks/learning_curve.py: the study runs the quickstart's recipe, its statistics are the stated ones, and it
 scores each final model greedy and sampled with the training turn limit; a SIGTERM stops it and what it started."""
 
+import argparse
 import contextlib
 import importlib.util
 import json
@@ -132,7 +133,7 @@ def test_max_turns_is_the_turn_limit_of_training_and_of_every_eval(tmp_path, mon
             json.dump({}, f)
 
     monkeypatch.setattr(cope_rlhf.local.env_stack, "EnvStack", NoStack)
-    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out: str(tmp_path / env / "warm_start"))
+    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out, args: str(tmp_path / env / "warm_start"))
     monkeypatch.setattr(learning_curve, "evaluate", lambda *a, **k: seen.append(("eval", a[5])) or {})
     monkeypatch.setattr(learning_curve, "run_one", fake_train)
     monkeypatch.setattr("scripts.run_report.main", lambda argv: None)
@@ -351,7 +352,7 @@ def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, monkey
 
     monkeypatch.setattr(learning_curve, "run_child", fake_train)
     monkeypatch.setattr(learning_curve, "evaluate", lambda *a, **k: {})
-    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out: str(tmp_path / env / "warm_start"))
+    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out, args: str(tmp_path / env / "warm_start"))
     monkeypatch.setattr("scripts.run_report.main", lambda argv: None)
     monkeypatch.setattr(learning_curve, "read_run", lambda out: {"eval": {0: 0.1}, "step_s": [1.0], "train": {}})
     monkeypatch.setattr("cope_rlhf.local.env_stack.EnvStack", NoStack)
@@ -370,6 +371,36 @@ def test_recipe_flags_that_the_trainer_cannot_run_are_refused(tmp_path, flags, c
     with pytest.raises(SystemExit):
         learning_curve.main(["--envs", "textcraft", "--out", str(tmp_path), *flags])
     assert "--train.batch_size 32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, changed", [
+    ([], {}),
+    (["--base-model", "tests", "--sft-lr", "2e-5", "--sft-epochs", "2"],
+     {"--base-model": "tests", "--sft-lr": "2e-05", "--epochs": "2"})])
+def test_a_base_model_and_its_sft_settings_reach_the_warm_start_and_nothing_else(tmp_path, monkeypatch, flags,
+                                                                                  changed):
+    """--base-model / --sft-lr / --sft-epochs (a pretrained model's study, e.g. SmolLM2) reach prepare_warm_start.py,
+    one value per flag, and the rest of the env's warm start is WARM_START's."""
+    commands = []
+    monkeypatch.setattr(learning_curve, "run_child", lambda cmd, log=None, env=None: commands.append(cmd) or 0)
+    given = dict(zip(flags[::2], flags[1::2]))
+    args = argparse.Namespace(base_model=given.get("--base-model"), sft_lr=float(given.get("--sft-lr", 0)) or None,
+                              sft_epochs=int(given.get("--sft-epochs", 0)) or None)
+    learning_curve.warm_start("textcraft", str(tmp_path / "study"), args)
+    (cmd,) = commands
+    pairs = flag_pairs(cmd[cmd.index("--out") + 2:])
+    expected = dict(zip(learning_curve.WARM_START["textcraft"][::2], learning_curve.WARM_START["textcraft"][1::2]))
+    assert sorted(pairs) == sorted(f"{k} {v}" for k, v in {**expected, **changed}.items())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--base-model", "no/such/dir"], "--base-model no/such/dir: no config.json there"),
+    (["--sft-lr", "0"], "--sft-lr must be > 0 and --sft-epochs >= 1"),
+    (["--sft-epochs", "0"], "--sft-lr must be > 0 and --sft-epochs >= 1")])
+def test_a_base_model_that_is_not_a_checkpoint_is_refused_before_anything_starts(tmp_path, flags, message, capsys):
+    with pytest.raises(SystemExit):
+        learning_curve.main(["--envs", "textcraft", "--out", str(tmp_path), *flags])
+    assert message in capsys.readouterr().err
 
 
 def test_sigterm_stops_the_study_and_what_it_started(tmp_path):

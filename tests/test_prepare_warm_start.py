@@ -35,6 +35,8 @@ def test_too_few_ids_for_the_request_is_a_clear_error():
     (["--env", "textcraft", "--out", "x", "--layers", "0"], "--layers >= 1, got 128 and 0"),
     (["--env", "babyai", "--out", "x", "--texts-per-goal", "2"], "--texts-per-goal is TextCraft's"),
     (["--env", "textcraft", "--out", "x", "--texts-per-goal", "0"], "and >= 1, got 0 for textcraft"),
+    (["--env", "babyai", "--out", "x", "--base-model", "tests", "--layers", "3"], "--base-model brings its own"),
+    (["--env", "babyai", "--out", "x", "--base-model", "no/such/dir"], "--base-model no/such/dir: no config.json"),
 ])
 def test_levels_are_checked_before_anything_starts(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -78,6 +80,32 @@ def test_the_model_is_built_at_the_width_and_depth_asked_for(tmp_path):
         config = AutoConfig.from_pretrained(tmp_path / folder)
         assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (192, 3, 3)
     assert out["demos"] == 2 and out["model"] == str(tmp_path / "model-sft")
+
+
+def test_a_pretrained_base_model_is_warm_started_as_it_is(tmp_path):
+    """--base-model (SmolLM2 from scripts/get_smollm2.py, or any checkpoint with a ChatML-like template): the SFT
+    starts from its weights and keeps its architecture and tokenizer; no model is built here."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from tests.env_server_proc import require_venv
+    from tests.tiny_hf import tiny_model, tiny_tokenizer
+
+    require_venv("babyai")
+    base = tmp_path / "base"
+    tiny_model(len(tiny_tokenizer()), seed=3).save_pretrained(base)
+    tiny_tokenizer().save_pretrained(base)
+    out = prepare_warm_start.main(["--env", "babyai", "--out", str(tmp_path / "ws"), "--levels", "1", "--heldout", "2",
+                                   "--demos", "2", "--epochs", "1", "--sft-lr", "1e-3", "--base-model", str(base)])
+    assert out["model"] == str(tmp_path / "ws" / "model-sft") and not (tmp_path / "ws" / "model").exists()
+    unnamed = {"_name_or_path": None, "dtype": None}
+    config = AutoConfig.from_pretrained(out["model"]).to_dict() | unnamed
+    assert config == AutoConfig.from_pretrained(base).to_dict() | unnamed
+    assert AutoTokenizer.from_pretrained(out["model"]).get_vocab() == tiny_tokenizer().get_vocab()
+    before = AutoModelForCausalLM.from_pretrained(base).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(out["model"]).state_dict()
+    moved = [name for name in before if not torch.equal(before[name], after[name])]
+    assert moved and max(float((before[n] - after[n]).abs().max()) for n in moved) < 0.01  # trained from it
 
 
 def test_texts_per_goal_trains_on_other_texts_of_training_goals_only():
