@@ -171,6 +171,20 @@ def test_agentgym_text_first_observation_feedback_and_expert(agentgym_text):
     server.ok("POST", "/close", {"id": env_id})
 
 
+def test_agentgym_text_answers_an_action_it_does_not_parse_with_the_reason(agentgym_text):
+    """An action the built-in does not parse (over max_action_chars; AgentGym would parse it) is an invalid action in
+    AgentGym's text too: its reason in place of AgentGym's feedback, then the action list, nothing moved."""
+    server = agentgym_text
+    env_id = server.ok("POST", "/create")["id"]
+    first = server.ok("POST", "/reset", {"id": env_id, "data_idx": 3})
+    reply = server.ok("POST", "/step", {"id": env_id, "action": "turn left" + " " * 300})
+    actions = first["observation"][first["observation"].index("\nAvailable actions: "):]
+    assert reply == {"observation": "Invalid action: the action is 309 characters long, over the 256 this babyai server "
+                                    f"takes. Answer with one short command.{actions}", "reward": 0, "score": 0,
+                     "done": False}
+    server.ok("POST", "/close", {"id": env_id})
+
+
 def test_same_item_same_first_observation_across_restarts(server):
     require_venv("babyai")
     ids = [0, 57, 1234]
