@@ -179,9 +179,8 @@ def test_agentgym_text_answers_an_action_it_does_not_parse_with_the_reason(agent
     first = server.ok("POST", "/reset", {"id": env_id, "data_idx": 3})
     reply = server.ok("POST", "/step", {"id": env_id, "action": "turn left" + " " * 300})
     actions = first["observation"][first["observation"].index("\nAvailable actions: "):]
-    assert reply == {"observation": "Invalid action: the action is 309 characters long, over the 256 this babyai server "
-                                    f"takes. Answer with one short command.{actions}", "reward": 0, "score": 0,
-                     "done": False}
+    reason = "the action is 309 characters long, over the 256 this babyai server takes. Answer with one short command."
+    assert reply == {"observation": f"Invalid action: {reason}{actions}", "reward": 0, "score": 0, "done": False}
     server.ok("POST", "/close", {"id": env_id})
 
 
