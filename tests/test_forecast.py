@@ -195,9 +195,16 @@ def test_forecast_loss_is_the_weighted_token_mean(tok, episode, cut):
                 if s.loss_mask[j]:
                     total += s.weight * -float(torch.log_softmax(logits[j - 1], -1)[s.input_ids[j]])
                     count += 1
-        loss = forecast_loss(lambda ids, mask, pos, keep: model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                                                 logits_to_keep=keep).logits, samples, coef=0.01)
+        kept = []
+
+        def logits_fn(ids, mask, pos, keep):
+            kept.append(keep.tolist())
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
+
+        loss = forecast_loss(logits_fn, samples, coef=0.01)
     assert count > 10 and abs(float(loss) - 0.01 * total / count) < 1e-5
+    # the LM head runs only at the columns whose logits predict a target token
+    assert kept == [sorted(set(pack_forecast_samples(samples).logit_index[:, 1].tolist()))]
 
 
 def test_packed_forecast_nll_reads_the_logits_at_the_rollout_temperature(tok, episode):
