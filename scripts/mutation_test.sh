@@ -30,8 +30,9 @@ LIB="$ROOT/.venvs/mutmut-lib"
 # file -> the test files that pin it (mutmut runs, per mutant, those of their tests that call the changed function;
 # tests that start the gateway or an eval as a subprocess run the mutant there too: it is chosen by an environment
 # variable the subprocess inherits). forecast.py's loss is pinned by tests/test_forecast.py (forecast_loss and
-# packed_forecast_nll against their formulas) and tests/test_branches.py (packed against per-sample, several
-# trajectories); the policy actor's tests that also reach it take minutes each. The
+# packed_forecast_nll against their formulas), tests/test_branches.py (packed against per-sample, several
+# trajectories) and tests/test_temporal_ensemble.py (TE's members cut at their last slot); the policy actor's tests
+# that also reach it take minutes each. The
 # same for advantage.py: tests/test_advantage.py alone killed every non-equivalent mutant of it (80 in 3 min at
 # 6d0db08), where adding tests/test_actor.py made a run last hours.
 declare -A TESTS=(
@@ -42,7 +43,8 @@ declare -A TESTS=(
   [agent_funcs/base.py]="tests/test_agent_base_contract.py tests/test_agent_funcs.py tests/test_adapters_contract.py
                          tests/test_action_formats.py"
   [cope_rlhf/advantage.py]="tests/test_advantage.py"
-  [cope_rlhf/forecast.py]="tests/test_forecast.py tests/test_action_formats.py tests/test_branches.py"
+  [cope_rlhf/forecast.py]="tests/test_forecast.py tests/test_action_formats.py tests/test_branches.py
+                           tests/test_temporal_ensemble.py"
   [cope_rlhf/temporal_ensemble.py]="tests/test_temporal_ensemble.py tests/test_branches.py"
   [cope_rlhf/info_gain.py]="tests/test_info_gain.py tests/test_branches.py"
   [scripts/eval.py]="tests/test_eval.py tests/test_adapters_contract.py"
