@@ -32,9 +32,8 @@ LIB="$ROOT/.venvs/mutmut-lib"
 # variable the subprocess inherits). forecast.py's loss is pinned by tests/test_forecast.py (forecast_loss and
 # packed_forecast_nll against their formulas), tests/test_branches.py (packed against per-sample, several
 # trajectories) and tests/test_temporal_ensemble.py (TE's members cut at their last slot); the policy actor's tests
-# that also reach it take minutes each. The
-# same for advantage.py: tests/test_advantage.py alone killed every non-equivalent mutant of it (80 in 3 min at
-# 6d0db08), where adding tests/test_actor.py made a run last hours.
+# that also reach it take minutes each. The same for advantage.py: tests/test_advantage.py alone killed every
+# non-equivalent mutant of it (80 in 3 min at 6d0db08), where adding tests/test_actor.py made a run last hours.
 declare -A TESTS=(
   [env_gateway/server.py]="tests/test_gateway.py tests/test_gateway_answers.py tests/test_gateway_cli.py
                            tests/test_gateway_adapters.py tests/test_adapters_contract.py tests/test_gateway_hostile.py"
