@@ -32,9 +32,11 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import os
 import subprocess
 import threading
+import time
 from unittest import mock
 
 import pytest
@@ -49,6 +51,7 @@ MAX_EXPERT_TURNS = 100
 THREADS = 4
 REFERENCE_RESET = threading.Lock()
 builtin = server_fixture("textcraft")
+quick_closing = server_fixture("textcraft", "--read-timeout", "1")  # closes a connection idle for 1 s
 
 NAME_ORDER = "import os\n_listdir = os.listdir\nos.listdir = lambda path='.': sorted(_listdir(path))\n"
 
@@ -135,17 +138,27 @@ def reply(result: dict) -> tuple:
 
 
 class Client:
-    """A keep-alive JSON client for one server (``call`` opens a connection per request: too slow for ~30K)."""
+    """A keep-alive JSON client for one server (``call`` opens a connection per request: too slow for ~30K).
 
-    def __init__(self, url: str):
+    A connection idle for ``reuse_within`` seconds or more is closed and a new one opened for the next request: a
+    server closes an idle connection after its keep-alive time (uvicorn, AgentGym's: 5 s; the built-in servers: their
+    read timeout, 10 s), and a request sent on it then is lost (ConnectionResetError). A thread of this test can wait
+    that long for the reference's reset lock on a busy machine."""
+
+    def __init__(self, url: str, reuse_within: float = 2.0):
         host, port = url.removeprefix("http://").rsplit(":", 1)
         self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.reuse_within = reuse_within
+        self.last_answer = time.monotonic()
 
     def ok(self, method: str, path: str, body: dict | None = None):
+        if time.monotonic() - self.last_answer >= self.reuse_within:
+            self.conn.close()  # the next request opens a new connection
         self.conn.request(method, path, None if body is None else json.dumps(body),
                           {"Content-Type": "application/json"})
         resp = self.conn.getresponse()
         data = json.loads(resp.read())
+        self.last_answer = time.monotonic()
         # AgentGym's server answers a failure with 200 and {"error": ...}
         assert resp.status == 200 and not (isinstance(data, dict) and "error" in data), \
             f"{method} {path} {body}: {resp.status} {data}"
@@ -221,3 +234,15 @@ def test_builtin_server_reproduces_agentgym(builtin, reference, oracle):
     differences = match_report("TextCraft parity (built-in vs AgentGym 3ef9235)", results,
                                ["goal", "first observation", "script", "expert"])
     assert not differences, "first differences:\n" + "\n".join(differences[:12])
+
+
+def test_the_client_opens_a_new_connection_after_the_server_closed_the_idle_one(quick_closing):
+    kept = Client(quick_closing.url, reuse_within=math.inf)
+    kept.ok("GET", "/")
+    time.sleep(1.5)
+    with pytest.raises(ConnectionError):  # the server closed it: a request sent on it is lost
+        kept.ok("GET", "/")
+    client = Client(quick_closing.url, reuse_within=0.5)
+    client.ok("GET", "/")
+    time.sleep(1.5)
+    assert client.ok("GET", "/")
