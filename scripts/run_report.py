@@ -1,6 +1,7 @@
 """Held-out success before → after one local run, with 95% intervals, and a PNG of its learning curve.
 
     python scripts/run_report.py --ckpt CKPT_PATH [--tensorboard TB_DIR] [--png OUT.png] [--json OUT.json]
+        [--versus OTHER_CKPT_PATH]
 
 Reads ``<ckpt>/eval_episodes.jsonl`` (``python -m cope_rlhf.local train`` writes one line per held-out episode and
 eval step: step, item_id, success, reward) and the run's TensorBoard scalars (default folder: the one its
@@ -10,6 +11,9 @@ eval step: step, item_id, success, reward) and the run's TensorBoard scalars (de
   gain                   paired by item: d_i = (mean success of item i at the last eval) − (same at the first),
                          gain = mean_i d_i, 95% interval gain ± 1.96 · sd(d) / sqrt(n_items) (normal approximation;
                          pairing removes the spread between easy and hard items)
+  versus (--versus)      at each eval step both runs have: d_i = (item i's mean success in the other run) − (in
+                         this one), mean and interval as for the gain; two runs of one seed play the same episodes'
+                         seeds, so this compares two configs item by item
 
 The PNG has rollout success per step (each step's episodes, and a 5-step moving mean) and held-out success at each
 eval step with its Wilson interval. Prints one line per eval and the gain; ``--json`` also writes them.
@@ -41,7 +45,7 @@ def paired_gain(before: dict[str, float], after: dict[str, float]) -> tuple[floa
     """(gain, low, high, n) over the items both evals scored; values are per-item mean success."""
     items = sorted(set(before) & set(after))
     if not items:
-        raise ValueError("the first and last evals share no item ids")
+        raise ValueError("the two evals share no item ids")
     d = [after[i] - before[i] for i in items]
     gain = statistics.fmean(d)
     half = Z95 * (statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("inf"))
@@ -63,7 +67,11 @@ def read_evals(path: str) -> dict[int, dict[str, list[float]]]:
     return evals
 
 
-def report(ckpt: str, tensorboard: str | None = None, png: str | None = None) -> dict:
+def per_item(episodes: dict[str, list[float]]) -> dict[str, float]:
+    return {item: statistics.fmean(values) for item, values in episodes.items()}
+
+
+def report(ckpt: str, tensorboard: str | None = None, png: str | None = None, versus: str | None = None) -> dict:
     evals = read_evals(os.path.join(ckpt, "eval_episodes.jsonl"))
     steps = sorted(evals)
     table = []
@@ -72,10 +80,23 @@ def report(ckpt: str, tensorboard: str | None = None, png: str | None = None) ->
         low, high = wilson(sum(values), len(values))
         table.append({"step": step, "success": statistics.fmean(values), "low": low, "high": high,
                       "episodes": len(values), "items": len(evals[step])})
-    per_item = {s: {i: statistics.fmean(v) for i, v in evals[s].items()} for s in (steps[0], steps[-1])}
-    gain, low, high, n = paired_gain(per_item[steps[0]], per_item[steps[-1]])
+    gain, low, high, n = paired_gain(per_item(evals[steps[0]]), per_item(evals[steps[-1]]))
     out = {"evals": table, "gain": {"from_step": steps[0], "to_step": steps[-1], "gain": gain, "low": low,
                                     "high": high, "items": n}}
+    if versus is not None:
+        other = read_evals(os.path.join(versus, "eval_episodes.jsonl"))
+        shared = sorted(set(evals) & set(other))
+        if not shared:
+            raise SystemExit(f"run_report: {ckpt} (steps {steps}) and {versus} (steps {sorted(other)}) have no "
+                             "held-out eval at the same step")
+        out["versus"] = {"ckpt": versus, "steps": []}
+        for step in shared:
+            try:
+                d, low, high, n = paired_gain(per_item(evals[step]), per_item(other[step]))
+            except ValueError:
+                raise SystemExit(f"run_report: the evals at step {step} of {ckpt} and {versus} share no item ids: "
+                                 "--versus compares two runs on the same held-out items") from None
+            out["versus"]["steps"].append({"step": step, "difference": d, "low": low, "high": high, "items": n})
     if png:
         if tensorboard is None:
             with open(os.path.join(ckpt, "summary.json")) as f:
@@ -122,14 +143,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tensorboard", help="the run's TensorBoard folder (default: from its summary.json)")
     parser.add_argument("--png", help="write the learning-curve plot here")
     parser.add_argument("--json", help="write the numbers here")
+    parser.add_argument("--versus", help="another run's --ckpt.path: its held-out success minus this run's at each "
+                                         "eval step both have, paired by item")
     args = parser.parse_args(argv)
-    out = report(args.ckpt, args.tensorboard, args.png)
+    out = report(args.ckpt, args.tensorboard, args.png, args.versus)
     for r in out["evals"]:
         print(f"  held-out success at step {r['step']:>3}: {r['success']:.3f}  "
               f"[{r['low']:.3f}, {r['high']:.3f}]  ({r['episodes']} episodes, {r['items']} items)")
     g = out["gain"]
     print(f"  gain, step {g['from_step']} -> {g['to_step']}: {g['gain']:+.3f}  "
           f"95% interval [{g['low']:+.3f}, {g['high']:+.3f}]  (paired over {g['items']} items)")
+    for r in out.get("versus", {}).get("steps", []):
+        print(f"  {args.versus} minus this run at step {r['step']:>3}: {r['difference']:+.3f}  "
+              f"95% interval [{r['low']:+.3f}, {r['high']:+.3f}]  (paired over {r['items']} items)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
