@@ -13,6 +13,7 @@ def test_wilson_matches_the_textbook_values():
     assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
     low, high = run_report.wilson(45, 100)
     assert (low, high) == (pytest.approx(0.3561, abs=1e-4), pytest.approx(0.5476, abs=1e-4))
+    assert run_report.wilson(0, 0) == (0.0, 1.0)  # no episodes: nothing known
 
 
 def test_paired_gain_is_the_mean_item_difference_with_its_standard_error():
@@ -23,8 +24,12 @@ def test_paired_gain_is_the_mean_item_difference_with_its_standard_error():
     sd = math.sqrt(sum((x - 0.5) ** 2 for x in d) / 3)
     assert n == 4 and gain == 0.5
     assert high - gain == pytest.approx(1.959964 * sd / 2) and gain - low == pytest.approx(high - gain)
-    with pytest.raises(ValueError, match="the two evals share no item ids"):
+    with pytest.raises(ValueError, match="^the two evals share no item ids$"):
         run_report.paired_gain({"a": 1.0}, {"b": 0.0})
+    # one item: no spread to estimate, the interval is unbounded; two: the standard error is finite
+    assert run_report.paired_gain({"a": 0.0}, {"a": 1.0}) == (1.0, -math.inf, math.inf, 1)
+    gain, low, high, n = run_report.paired_gain({"a": 0.0, "b": 0.0}, {"a": 1.0, "b": 0.0})
+    assert (gain, n) == (0.5, 2) and high - gain == pytest.approx(1.959964 * math.sqrt(0.5) / math.sqrt(2))
 
 
 def test_report_reads_a_run_and_draws_its_curve(tmp_path):
@@ -54,6 +59,9 @@ def test_report_reads_a_run_and_draws_its_curve(tmp_path):
 def test_a_run_without_held_out_episodes_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="eval_episodes.jsonl does not exist"):
         run_report.main(["--ckpt", str(tmp_path)])
+    (tmp_path / "eval_episodes.jsonl").write_text("\n")
+    with pytest.raises(SystemExit, match="eval_episodes.jsonl holds no held-out episodes$"):
+        run_report.main(["--ckpt", str(tmp_path)])
 
 
 def write_evals(ckpt, successes: dict[int, list[float]]) -> str:
@@ -69,6 +77,7 @@ def test_versus_is_the_other_runs_success_minus_this_ones_paired_by_item_at_each
     this = write_evals(tmp_path / "a", {0: [0, 0, 1, 1], 10: [1, 0, 0, 0], 20: [0, 0, 0, 0]})
     other = write_evals(tmp_path / "b", {0: [0, 0, 1, 1], 10: [1, 1, 1, 0], 30: [1, 1, 1, 1]})
     out = run_report.main(["--ckpt", this, "--versus", other])
+    assert out["versus"]["ckpt"] == other
     steps = out["versus"]["steps"]
     assert [r["step"] for r in steps] == [0, 10]  # the steps both runs evaluated
     assert steps[0]["difference"] == 0 and steps[0]["low"] == steps[0]["high"] == 0
