@@ -20,15 +20,18 @@
 #    1 - 0.9 * steps / max_steps; they leave the loss unless fewer than two of the eight groups survive, and then
 #    the batch stays whole, so that one group does not take a full update alone),
 #    each episode's loss the mean over its own tokens (seq-mean-token-mean), KL loss 0.01 to the warm start,
-#    learning rate 3e-4 after a warm-up, held constant (cosine decay: +0.165 where constant gave +0.307);
+#    learning rate 1e-4 after a warm-up, held constant (at 3e-4 cosine decay gained +0.165 where constant gave
+#    +0.307, but one of two seeds turned deterministic at steps 27-29 and ended below its start, and the other drifted
+#    further from the warm start than either run at 1e-4: docs/RESULTS.md, "The quickstart");
 #    held-out evaluation at temperature 1 (2 episodes per item) before training and every 10 steps
 # 4. scripts/run_report.py: held-out success before -> after with 95% intervals (the gain paired by item), and a
 #    PNG of rollout and held-out success per step
 #
 # Environment: QUICKSTART_DIR (default runs/quickstart), QUICKSTART_STEPS (RL steps, default 50),
 # QUICKSTART_EVAL_EVERY (default 10), QUICKSTART_DEMOS (default 300), QUICKSTART_HELDOUT (default 200),
-# QUICKSTART_COPE_FLAGS (more CoPE switches added to the run, e.g. "--cope.info_intrinsic_weight 0.1"; default
-# none: the recipe is measured with GRPO and the degenerate-group filter only),
+# QUICKSTART_COPE_FLAGS (more trainer flags added to the run, after the recipe's, so that a flag given twice takes
+# this value: e.g. "--cope.info_intrinsic_weight 0.1", or "--actor.adam.lr 3e-4 --train.seed 1"; default none: the
+# recipe is measured with GRPO and the degenerate-group filter only),
 # QUICKSTART_SKIP_SETUP=1 (use the venvs as they are). Everything it starts is stopped on exit.
 #
 # The terminal shows each stage's progress (scripts/quickstart_progress.py: a line per SFT epoch and per GRPO step,
@@ -114,7 +117,7 @@ step train "$STEPS" "$PY" -m cope_rlhf.local train --env babyai \
   --train.micro_batch_size 8 --rollout.micro_batch_size 8 \
   --algo.advantage.estimator group_norm --actor.loss_agg_mode seq-mean-token-mean \
   --cope.grpo_filter_degenerate true \
-  --actor.adam.lr 3e-4 --actor.lr_warmup_ratio 0.1 --actor.lr_scheduler constant_with_warmup \
+  --actor.adam.lr 1e-4 --actor.lr_warmup_ratio 0.1 --actor.lr_scheduler constant_with_warmup \
   --algo.kl.init_coef 0.01 --algo.kl.use_loss --algo.kl.estimator k3 --vllm.enable_prefix_caching \
   --ckpt.path "$DIR/ckpt" --ckpt.output_dir "$DIR/model-rl" --logger.tensorboard_dir "$DIR/tensorboard" \
   "${COPE_FLAGS[@]}"

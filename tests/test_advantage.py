@@ -93,7 +93,7 @@ def test_stock_group_norm_turns_equal_babyai_wins_into_a_full_scale_advantage_an
     score the same non-dyadic float (0.951 = 1 - 0.9 * 3.5 / 64 is one). OpenRLHF's group_norm divides float32
     rounding (mean - r ~ 1e-8) by std + 1e-9 (~1e-8): every one of the eight gets the same advantage of about
     -0.93 (the sign is fixed by the reward value), a full-scale push against the winning behaviour. The
-    degenerate-group filter (std <= 1e-6) zeroes it. docs/results/quickstart_diagnosis.md point 19."""
+    degenerate-group filter (std <= 1e-6) zeroes it (docs/METHOD.md, "Degenerate-group filter")."""
     mask = torch.ones(8, 3, dtype=torch.long)
     for reward, sign in ((0.951, -1), (0.9325, +1)):
         batch = [Experience(action_mask=mask.clone(), rewards=torch.full((8,), reward), kl=torch.zeros(8, 3))]

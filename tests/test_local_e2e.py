@@ -202,6 +202,14 @@ def test_defaults_preset_and_the_users_flags(tmp_path):
     assert defaults["train.batch_size"] == 16  # one optimizer step per rollout batch (4 prompts x 4 samples)
 
 
+def test_a_flag_given_twice_takes_its_later_value(tmp_path):
+    """scripts/quickstart.sh appends QUICKSTART_COPE_FLAGS after its recipe, and docs/RESULTS.md reruns the quickstart
+    at another learning rate and seed that way: the later value must be the one that trains."""
+    _, _, args = front_end(tmp_path, "--actor.adam.lr", "1e-4", "--train.seed", "42",
+                           "--actor.adam.lr", "3e-4", "--train.seed", "1")
+    assert args["actor.adam.lr"] == 3e-4 and args["train.seed"] == 1
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--algo.advantage.estimator", "gae"], "starts no critic"),
     (["--rollout.n_samples_per_prompt", "1"], "n_samples_per_prompt must be >= 2"),

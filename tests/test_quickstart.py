@@ -1,6 +1,6 @@
 """scripts/quickstart.sh end to end, shrunk (20 demos, 8 held-out items, 2 RL steps): every stage runs and the
 closing report says what the user needs (before -> after with intervals, the gain, where the curve, logs and model
-are). Whether the full-size quickstart learns is measured, not tested: docs/results/quickstart_diagnosis.md."""
+are). Whether the full-size quickstart learns is measured, not tested: docs/RESULTS.md, "The quickstart"."""
 
 from __future__ import annotations
 
