@@ -415,7 +415,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", default="runs/learning_curve")
     parser.add_argument("--max-turns", type=int,
                         help="turn limit of every episode, in training and in the evals (default: TURNS per env)")
-    parser.add_argument("--lr", type=float, help="the actor's learning rate (default: RECIPE's, 1e-4; the studies recorded under docs/results ran at 3e-4)")
+    parser.add_argument("--lr", type=float, help="the actor's learning rate (default: RECIPE's, 1e-4; the studies "
+                                                  "recorded under docs/results ran at 3e-4)")
     parser.add_argument("--samples-per-prompt", type=int,
                         help="episodes per prompt, GRPO's group (default: RECIPE's, 8)")
     parser.add_argument("--prompts-per-step", type=int, help="prompts per training step (default: RECIPE's, 8)")
