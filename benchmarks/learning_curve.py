@@ -16,8 +16,10 @@ own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training an
 ``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out evals every
 ``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the forecast in joint mode) and ``--train.seed``
 differing. A run whose ``summary.json`` (or record) exists is kept, so rerunning the command finishes an interrupted
-study (a run stopped before it starts over); ``--report-only`` trains nothing (not even a missing warm start) and
-reports the runs that finished (each config over the seeds it has).
+study (a run stopped before it starts over); each run keeps how it trained (``recipe.json``: the recipe with those
+flags' values, the turn limit), and a command that would train another way is refused before anything starts.
+``--report-only`` trains nothing (not even a missing warm start) and reports the runs that finished (each config over
+the seeds it has).
 
 ``--record DIR`` keeps, small, what the report reads: per finished run its ``run_record.json`` (``run_record``: the
 step metrics of the tables, the held-out curve, each held-out episode's (item, success) at the first and the last
@@ -166,7 +168,55 @@ def warm_start(env: str, out: str, args: argparse.Namespace) -> str:
     return folder
 
 
+def study_recipe(args: argparse.Namespace, turns: int) -> dict:
+    """How every run of a study trains, whatever its config and seed: RECIPE with --lr / --samples-per-prompt /
+    --prompts-per-step's value in place of its own (the same words when a flag repeats RECIPE's value), and the turn
+    limit. Kept in each run's ``RECIPE_FILE``."""
+    words = list(RECIPE)
+    for flag, value in (("--actor.adam.lr", args.lr), ("--rollout.n_samples_per_prompt", args.samples_per_prompt),
+                        ("--rollout.batch_size", args.prompts_per_step)):
+        if value is not None and float(value) != float(words[words.index(flag) + 1]):
+            words[words.index(flag) + 1] = str(value)
+    return {"recipe": words, "max_turns": turns}
+
+
+RECIPE_FILE = "recipe.json"
+
+
+def check_recipe(env_folder: str, wanted: dict) -> None:
+    """Refuse to add runs to a study whose runs trained another way (their curves would share a table and a plot as
+    if alike): every ``RECIPE_FILE`` under ``env_folder`` must equal ``wanted``. Runs recorded before the file existed
+    cannot be checked; they are named."""
+    unchecked = []
+    for run in sorted(os.listdir(env_folder)) if os.path.isdir(env_folder) else []:
+        path = os.path.join(env_folder, run, RECIPE_FILE)
+        if not os.path.isfile(path):
+            if any(os.path.isfile(os.path.join(env_folder, run, f)) for f in (RUN_RECORD, "ckpt/summary.json")):
+                unchecked.append(run)
+            continue
+        with open(path) as f:
+            had = json.load(f)
+        if had != wanted:
+            # {flag: its value, "on" for a switch} of each recipe's words
+            values = [{word: "on" if after.startswith("--") else after
+                       for word, after in zip(words, [*words[1:], "--"]) if word.startswith("--")}
+                      for words in (had["recipe"], wanted["recipe"])]
+            differs = [f"{flag} {values[0].get(flag, 'absent')} there, {values[1].get(flag, 'absent')} now"
+                       for flag in sorted({*values[0], *values[1]}) if values[0].get(flag) != values[1].get(flag)]
+            if had["max_turns"] != wanted["max_turns"]:
+                differs.append(f"--max-turns {had['max_turns']} there, {wanted['max_turns']} now")
+            sys.exit(f"learning_curve: {os.path.join(env_folder, run)} trained another way than this command would "
+                     f"train ({'; '.join(differs)}). Give the study's own --lr / --samples-per-prompt / "
+                     "--prompts-per-step / --max-turns to add runs to it (docs/RESULTS.md names each recorded study's "
+                     "command), or another --out for a new study.")
+    if unchecked:
+        print(f"[learning_curve] {env_folder}: {', '.join(unchecked)} recorded no {RECIPE_FILE} (trained before it "
+              "was kept); check that this command trains as they did (docs/RESULTS.md names each study's command)",
+              flush=True)
+
+
 def run_one(env: str, config: str, seed: int, start: str, out: str, turns: int, args) -> None:
+    recipe = study_recipe(args, turns)
     cmd = [sys.executable, "-m", "cope_rlhf.local", "train", "--env", env,
            "--actor.model_name_or_path", os.path.join(start, "model-sft"),
            "--data.prompt_dataset", os.path.join(start, "data", "train.jsonl"),
@@ -174,16 +224,13 @@ def run_one(env: str, config: str, seed: int, start: str, out: str, turns: int, 
            "--local.steps", str(args.steps), "--eval.steps", str(args.eval_every),
            "--local.max_turns", str(turns), "--train.seed", str(seed),
            "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.output_dir", os.path.join(out, "model"),
-           "--ckpt.save_steps", "-1", "--logger.tensorboard_dir", os.path.join(out, "tb"), *RECIPE,
+           "--ckpt.save_steps", "-1", "--logger.tensorboard_dir", os.path.join(out, "tb"), *recipe["recipe"],
            *CONFIGS[config]]
-    # --lr / --samples-per-prompt / --prompts-per-step: that value in place of RECIPE's, the rest of it unchanged
-    for flag, value in (("--actor.adam.lr", args.lr), ("--rollout.n_samples_per_prompt", args.samples_per_prompt),
-                        ("--rollout.batch_size", args.prompts_per_step)):
-        if value is not None:
-            cmd[cmd.index(flag) + 1] = str(value)
     # A run stopped before its summary.json starts over: its TensorBoard events would mix with the new run's.
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
+    with open(os.path.join(out, RECIPE_FILE), "w") as f:
+        json.dump(recipe, f, indent=1)
     t = time.time()
     with open(os.path.join(out, "train.log"), "w") as log:
         code = run_child(cmd, log)
@@ -244,7 +291,7 @@ def evaluate(env: str, model: str, folder: str, items: str, gateway: str, turns:
 # What --record keeps of a run's or of the warm start's folder, relative to it: the run's compact record and the warm
 # start's item ids (what the runs played).
 RUN_RECORD = "run_record.json"
-RECORD = [RUN_RECORD, "data/train.jsonl", "data/heldout.jsonl"]
+RECORD = [RUN_RECORD, RECIPE_FILE, "data/train.jsonl", "data/heldout.jsonl"]
 
 
 def record(folder: str, out: str, to: str) -> None:
@@ -449,6 +496,9 @@ def main(argv: list[str] | None = None) -> str:
                      "(SmolLM2: python scripts/get_smollm2.py --out DIR)")
     if args.record and os.path.abspath(args.record) == os.path.abspath(args.out):
         parser.error("--record must be another folder than --out (the runs are already there)")
+    if not args.report_only:  # before anything trains: runs of another recipe are refused, not mixed into the study
+        for env in args.envs:
+            check_recipe(os.path.join(args.out, env), study_recipe(args, args.max_turns or TURNS[env]))
     # SIGTERM (a scheduler, kill) unwinds like Ctrl-C: the child running now and the evals' EnvStack are stopped on
     # the way out (without it, the study died alone and left its trainer or warm start and its gateway running)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -331,13 +331,13 @@ def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
     args = type("Args", (), {"steps": 2, "eval_every": 1, "lr": None, "samples_per_prompt": None,
                              "prompts_per_step": None})()
     learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), 3, args)
-    assert seen == [["train.log"]]
+    assert seen == [["recipe.json", "train.log"]]
 
 
 @pytest.mark.parametrize("flags, changed", [
     ([], {}),
-    (["--lr", "1e-4", "--samples-per-prompt", "16", "--prompts-per-step", "4"],
-     {"--actor.adam.lr": "0.0001", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"})])
+    (["--lr", "3e-4", "--samples-per-prompt", "16", "--prompts-per-step", "4"],
+     {"--actor.adam.lr": "0.0003", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"})])
 def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, monkeypatch, flags, changed):
     """--lr, --samples-per-prompt and --prompts-per-step reach the trainer in place of RECIPE's value (one value per
     flag: the trainer would take the last of two), and every other flag of the run is the recipe's."""
@@ -364,6 +364,53 @@ def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, monkey
     for flag in recipe:
         if flag.startswith("--") and not recipe[flag].startswith("--"):
             assert [p for p in pairs if p.split()[0] == flag] == [f"{flag} {changed.get(flag, recipe[flag])}"]
+
+
+def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, monkeypatch, capsys):
+    """Each run keeps the recipe it trained with (recipe.json, copied by --record); a command that would add a run
+    trained at another learning rate or turn limit is refused before anything trains, naming the flag and both
+    values; the study's own values, however written, add the run."""
+    trained = []
+
+    def fake_train(cmd, log=None, env=None):
+        trained.append(cmd)
+        os.makedirs(os.path.join(cmd[cmd.index("--ckpt.path") + 1]))
+        with open(os.path.join(cmd[cmd.index("--ckpt.path") + 1], "summary.json"), "w") as f:
+            json.dump({}, f)
+        return 0
+
+    monkeypatch.setattr(learning_curve, "run_child", fake_train)
+    monkeypatch.setattr(learning_curve, "evaluate", lambda *a, **k: {})
+    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out, args: str(tmp_path / env / "warm_start"))
+    monkeypatch.setattr("scripts.run_report.main", lambda argv: None)
+    monkeypatch.setattr(learning_curve, "read_run", lambda out: {"eval": {0: 0.1}, "step_s": [1.0], "train": {}})
+    monkeypatch.setattr("cope_rlhf.local.env_stack.EnvStack", NoStack)
+    study = ["--envs", "textcraft", "--configs", "grpo", "--steps", "1", "--out", str(tmp_path / "out")]
+    learning_curve.main([*study, "--seeds", "0", "--lr", "3e-4", "--record", str(tmp_path / "record")])
+    with open(tmp_path / "record" / "textcraft" / "grpo_seed0" / "recipe.json") as f:
+        kept = json.load(f)
+    assert kept["max_turns"] == learning_curve.TURNS["textcraft"]
+    assert kept["recipe"] == trained[0][trained[0].index("--algo.advantage.estimator"):]  # grpo: no CoPE switch
+    assert "--actor.adam.lr 0.0003" in flag_pairs(kept["recipe"])
+
+    for other, message in ((["--seeds", "1"], "--actor.adam.lr 0.0003 there, 1e-4 now"),
+                           (["--seeds", "1", "--lr", "3e-4", "--max-turns", "20"], "--max-turns 10 there, 20 now")):
+        with pytest.raises(SystemExit, match="trained another way") as refused:
+            learning_curve.main([*study, *other])
+        assert message in str(refused.value) and "grpo_seed0" in str(refused.value)
+    assert len(trained) == 1
+    learning_curve.main([*study, "--seeds", "1", "--lr", "0.0003"])
+    assert len(trained) == 2 and "--actor.adam.lr 0.0003" in flag_pairs(trained[1])
+
+    # the recipe's own value written out is the recipe: a study at the default learning rate takes --lr 1e-4 too
+    default = ["--envs", "textcraft", "--configs", "grpo", "--steps", "1", "--out", str(tmp_path / "default")]
+    learning_curve.main([*default, "--seeds", "0"])
+    learning_curve.main([*default, "--seeds", "1", "--lr", "0.0001"])
+    assert len(trained) == 4
+    # a run recorded before recipe.json existed cannot be checked: said, not refused
+    os.remove(tmp_path / "default" / "textcraft" / "grpo_seed0" / "recipe.json")
+    learning_curve.main([*default, "--seeds", "2"])
+    assert "grpo_seed0 recorded no recipe.json" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags", [["--lr", "0"], ["--samples-per-prompt", "4", "--prompts-per-step", "4"]])
