@@ -2,18 +2,18 @@
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--lr X] [--samples-per-prompt N]
-        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N] [--out runs/learning_curve]
+        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N] [--out runs/learning_curve]
 
-Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI:
-the quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model
-and its SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. ``--base-model DIR`` warm-starts that pretrained
-checkpoint instead of a tiny model (SmolLM2-135M-Instruct: ``scripts/get_smollm2.py``), with ``--sft-lr`` and
-``--sft-epochs`` in place of the warm start's (a pretrained model wants a far lower rate than a tiny one's 2e-3, and
-``--lr`` for RL likewise); such a study gets its own ``--out``. Then every (config, seed) is its own
-``python -m cope_rlhf.local train`` process from that model: the quickstart's recipe (``RECIPE``; ``--lr``,
-``--samples-per-prompt`` and ``--prompts-per-step`` put another value in place of its own, and such a study gets its
-own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval; an eval cached in
-``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out evals every
+Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI: the
+quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model and its
+SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. ``--base-model DIR`` warm-starts that pretrained checkpoint
+instead of a tiny model (SmolLM2-135M-Instruct: ``scripts/get_smollm2.py``), with ``--sft-lr``, ``--sft-epochs`` and
+``--sft-demos`` in place of the warm start's (a pretrained model wants a far lower rate than a tiny one's 2e-3, and
+``--lr`` for RL likewise; its SFT costs far more per demo); such a study gets its own ``--out``. Then every (config,
+seed) is its own ``python -m cope_rlhf.local train`` process from that model: the quickstart's recipe (``RECIPE``;
+``--lr``, ``--samples-per-prompt`` and ``--prompts-per-step`` put another value in place of its own, and such a study
+gets its own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval; an eval cached
+in ``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out evals every
 ``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the forecast in joint mode) and ``--train.seed``
 differing. A run whose ``summary.json`` (or record) exists is kept, so rerunning the command finishes an interrupted
 study (a run stopped before it starts over); each run keeps how it trained (``recipe.json``: the recipe with those
@@ -156,8 +156,9 @@ def warm_start(env: str, out: str, args: argparse.Namespace) -> str:
     folder = os.path.join(out, env, "warm_start")
     if not os.path.isdir(os.path.join(folder, "model-sft")):
         flags = list(WARM_START[env])
-        if args.sft_epochs is not None:
-            flags[flags.index("--epochs") + 1] = str(args.sft_epochs)
+        for flag, value in (("--epochs", args.sft_epochs), ("--demos", args.sft_demos)):
+            if value is not None:
+                flags[flags.index(flag) + 1] = str(value)
         flags += [*(["--sft-lr", str(args.sft_lr)] if args.sft_lr is not None else []),
                   *(["--base-model", args.base_model] if args.base_model is not None else [])]
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "prepare_warm_start.py"), "--env", env, "--out", folder,
@@ -472,6 +473,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--sft-lr", type=float, help="the warm start's SFT learning rate (default: "
                                                      "prepare_warm_start.py's, 2e-3, for a tiny model)")
     parser.add_argument("--sft-epochs", type=int, help="the warm start's SFT epochs (default: WARM_START's per env)")
+    parser.add_argument("--sft-demos", type=int, help="the warm start's expert episodes (default: WARM_START's per "
+                                                      "env, 300; a 135M model's SFT takes ~1 min per 8 on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
@@ -489,8 +492,9 @@ def main(argv: list[str] | None = None) -> str:
     if (args.lr is not None and args.lr <= 0) or episodes % train_batch:
         parser.error(f"--lr must be > 0, and --samples-per-prompt x --prompts-per-step (now {episodes} episodes a "
                      f"step) a multiple of the recipe's --train.batch_size {train_batch}")
-    if (args.sft_lr is not None and args.sft_lr <= 0) or (args.sft_epochs is not None and args.sft_epochs < 1):
-        parser.error("--sft-lr must be > 0 and --sft-epochs >= 1")
+    if (args.sft_lr is not None and args.sft_lr <= 0) or any(n is not None and n < 1
+                                                            for n in (args.sft_epochs, args.sft_demos)):
+        parser.error("--sft-lr must be > 0, and --sft-epochs and --sft-demos >= 1")
     if args.base_model is not None and not os.path.isfile(os.path.join(args.base_model, "config.json")):
         parser.error(f"--base-model {args.base_model}: no config.json there; give a Hugging Face checkpoint folder "
                      "(SmolLM2: python scripts/get_smollm2.py --out DIR)")
