@@ -334,13 +334,10 @@ def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
     assert seen == [["recipe.json", "train.log"]]
 
 
-@pytest.mark.parametrize("flags, changed", [
-    ([], {}),
-    (["--lr", "3e-4", "--samples-per-prompt", "16", "--prompts-per-step", "4"],
-     {"--actor.adam.lr": "0.0003", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"})])
-def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, monkeypatch, flags, changed):
-    """--lr, --samples-per-prompt and --prompts-per-step reach the trainer in place of RECIPE's value (one value per
-    flag: the trainer would take the last of two), and every other flag of the run is the recipe's."""
+@pytest.fixture
+def trained_without_training(tmp_path, monkeypatch) -> list:
+    """The study with each run's trainer, evals, report and gateway replaced: a run "trains" by leaving its
+    summary.json; the list collects each trainer command."""
     commands = []
 
     def fake_train(cmd, log=None, env=None):
@@ -356,6 +353,17 @@ def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, monkey
     monkeypatch.setattr("scripts.run_report.main", lambda argv: None)
     monkeypatch.setattr(learning_curve, "read_run", lambda out: {"eval": {0: 0.1}, "step_s": [1.0], "train": {}})
     monkeypatch.setattr("cope_rlhf.local.env_stack.EnvStack", NoStack)
+    return commands
+
+
+@pytest.mark.parametrize("flags, changed", [
+    ([], {}),
+    (["--lr", "3e-4", "--samples-per-prompt", "16", "--prompts-per-step", "4"],
+     {"--actor.adam.lr": "0.0003", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"})])
+def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, trained_without_training, flags, changed):
+    """--lr, --samples-per-prompt and --prompts-per-step reach the trainer in place of RECIPE's value (one value per
+    flag: the trainer would take the last of two), and every other flag of the run is the recipe's."""
+    commands = trained_without_training
     learning_curve.main(["--envs", "textcraft", "--configs", "grpo", "--seeds", "0", "--steps", "1", "--out",
                          str(tmp_path), *flags])
     (cmd,) = commands
@@ -366,25 +374,11 @@ def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, monkey
             assert [p for p in pairs if p.split()[0] == flag] == [f"{flag} {changed.get(flag, recipe[flag])}"]
 
 
-def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, monkeypatch, capsys):
+def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, trained_without_training, capsys):
     """Each run keeps the recipe it trained with (recipe.json, copied by --record); a command that would add a run
     trained at another learning rate or turn limit is refused before anything trains, naming the flag and both
     values; the study's own values, however written, add the run."""
-    trained = []
-
-    def fake_train(cmd, log=None, env=None):
-        trained.append(cmd)
-        os.makedirs(os.path.join(cmd[cmd.index("--ckpt.path") + 1]))
-        with open(os.path.join(cmd[cmd.index("--ckpt.path") + 1], "summary.json"), "w") as f:
-            json.dump({}, f)
-        return 0
-
-    monkeypatch.setattr(learning_curve, "run_child", fake_train)
-    monkeypatch.setattr(learning_curve, "evaluate", lambda *a, **k: {})
-    monkeypatch.setattr(learning_curve, "warm_start", lambda env, out, args: str(tmp_path / env / "warm_start"))
-    monkeypatch.setattr("scripts.run_report.main", lambda argv: None)
-    monkeypatch.setattr(learning_curve, "read_run", lambda out: {"eval": {0: 0.1}, "step_s": [1.0], "train": {}})
-    monkeypatch.setattr("cope_rlhf.local.env_stack.EnvStack", NoStack)
+    trained = trained_without_training
     study = ["--envs", "textcraft", "--configs", "grpo", "--steps", "1", "--out", str(tmp_path / "out")]
     learning_curve.main([*study, "--seeds", "0", "--lr", "3e-4", "--record", str(tmp_path / "record")])
     with open(tmp_path / "record" / "textcraft" / "grpo_seed0" / "recipe.json") as f:
