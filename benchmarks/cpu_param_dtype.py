@@ -5,6 +5,9 @@ What is timed is what a policy rank runs per micro-step on a host without CUDA: 
 log-probs of a micro-batch, a policy-gradient loss on them, and its backward. The model has the quickstart's shape
 (Qwen2, hidden 128, 2 layers, the BabyAI tokenizer's 1068 tokens) with random weights; the micro-batch is the
 quickstart's (``--batch`` 8 sequences of ``--length`` 720 tokens, the last ``--actions`` 200 of them actions).
+``--shape smollm2`` times SmolLM2-135M-Instruct's architecture instead (``benchmarks/signal_cost.py``'s
+``smollm2_model``: 30 layers, hidden 576, vocabulary 49152, random weights): whether a pretrained model's study should
+train in bf16 on a host whose CPU multiplies bf16 natively.
 
 Each dtype runs once to warm up, then ``--repeats`` times, interleaved; printed: the median seconds per micro-step
 [min-max] of each, and bf16 / fp32 as the median of the per-repeat ratios [min-max]. The CPU's bfloat16 support
@@ -12,6 +15,7 @@ Each dtype runs once to warm up, then ``--repeats`` times, interleaved; printed:
 present torch multiplies bf16 matrices in a scalar fallback, which is why the CPU preset trains in fp32.
 
     .venv/bin/python benchmarks/cpu_param_dtype.py [--repeats 5] [--batch 8] [--length 720] [--actions 200]
+        [--shape small|smollm2]
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=720)
     parser.add_argument("--actions", type=int, default=200)
+    parser.add_argument("--shape", choices=["small", "smollm2"], default="small",
+                        help="small: the quickstart's Qwen2; smollm2: SmolLM2-135M-Instruct's architecture")
     args = parser.parse_args()
     if torch.cuda.is_available():
         sys.exit("this benchmark is for hosts without CUDA (the CPU mode's dtype)")
@@ -69,12 +75,21 @@ def main() -> None:
 
     print(f"CPU bfloat16 support: {cpu_bf16_flags()}; torch CPU capability {torch.backends.cpu.get_cpu_capability()}; "
           f"{torch.get_num_threads()} torch threads")
-    config = Qwen2Config(vocab_size=1068, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True)
     with tempfile.TemporaryDirectory() as folder:
         torch.manual_seed(0)
-        Qwen2ForCausalLM(config).save_pretrained(folder)
+        if args.shape == "smollm2":
+            from benchmarks.signal_cost import smollm2_model
+
+            model = smollm2_model()
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(
+                vocab_size=1068, hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True))
+        config = model.config
+        print(f"model: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+              f"{config.num_hidden_layers} layers, vocabulary {config.vocab_size}")
+        model.save_pretrained(folder)
+        del model
         actors = {dtype: Actor(folder, attn_implementation="sdpa", param_dtype=dtype) for dtype in ("bf16", "fp32")}
     for actor in actors.values():
         actor.train()
