@@ -191,8 +191,9 @@ def check_recipe(env_folder: str, wanted: dict) -> None:
     unchecked = []
     for run in sorted(os.listdir(env_folder)) if os.path.isdir(env_folder) else []:
         path = os.path.join(env_folder, run, RECIPE_FILE)
-        if not os.path.isfile(path):
-            if any(os.path.isfile(os.path.join(env_folder, run, f)) for f in (RUN_RECORD, "ckpt/summary.json")):
+        if not os.path.isfile(path):  # the warm start keeps its evals in a RUN_RECORD too: not a run
+            if run != "warm_start" and any(os.path.isfile(os.path.join(env_folder, run, f))
+                                           for f in (RUN_RECORD, "ckpt/summary.json")):
                 unchecked.append(run)
             continue
         with open(path) as f:

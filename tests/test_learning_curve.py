@@ -403,8 +403,10 @@ def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, trained_witho
     assert len(trained) == 4
     # a run recorded before recipe.json existed cannot be checked: said, not refused
     os.remove(tmp_path / "default" / "textcraft" / "grpo_seed0" / "recipe.json")
+    (tmp_path / "default" / "textcraft" / "warm_start").mkdir()  # the warm start's evals: not a run
+    (tmp_path / "default" / "textcraft" / "warm_start" / "run_record.json").write_text('{"evals": {}}')
     learning_curve.main([*default, "--seeds", "2"])
-    assert "grpo_seed0 recorded no recipe.json" in capsys.readouterr().out
+    assert "textcraft: grpo_seed0 recorded no recipe.json" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags", [["--lr", "0"], ["--samples-per-prompt", "4", "--prompts-per-step", "4"]])
