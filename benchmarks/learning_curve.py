@@ -2,14 +2,16 @@
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--lr X] [--samples-per-prompt N]
-        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N] [--out runs/learning_curve]
+        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N --sft-gradient-checkpointing]
+        [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI: the
 quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model and its
 SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. ``--base-model DIR`` warm-starts that pretrained checkpoint
 instead of a tiny model (SmolLM2-135M-Instruct: ``scripts/get_smollm2.py``), with ``--sft-lr``, ``--sft-epochs`` and
 ``--sft-demos`` in place of the warm start's (a pretrained model wants a far lower rate than a tiny one's 2e-3, and
-``--lr`` for RL likewise; its SFT costs far more per demo); such a study gets its own ``--out``. Then every (config,
+``--lr`` for RL likewise; its SFT costs far more per demo and memory: ``--sft-gradient-checkpointing``); such a study
+gets its own ``--out``. Then every (config,
 seed) is its own ``python -m cope_rlhf.local train`` process from that model: the quickstart's recipe (``RECIPE``;
 ``--lr``, ``--samples-per-prompt`` and ``--prompts-per-step`` put another value in place of its own, and such a study
 gets its own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval; an eval cached
@@ -160,6 +162,7 @@ def warm_start(env: str, out: str, args: argparse.Namespace) -> str:
             if value is not None:
                 flags[flags.index(flag) + 1] = str(value)
         flags += [*(["--sft-lr", str(args.sft_lr)] if args.sft_lr is not None else []),
+                  *(["--sft-gradient-checkpointing"] if args.sft_gradient_checkpointing else []),
                   *(["--base-model", args.base_model] if args.base_model is not None else [])]
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "prepare_warm_start.py"), "--env", env, "--out", folder,
                *flags]
@@ -476,6 +479,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--sft-epochs", type=int, help="the warm start's SFT epochs (default: WARM_START's per env)")
     parser.add_argument("--sft-demos", type=int, help="the warm start's expert episodes (default: WARM_START's per "
                                                       "env, 300; a 135M model's SFT takes ~1 min per 8 on 2 cores)")
+    parser.add_argument("--sft-gradient-checkpointing", action="store_true",
+                        help="the warm start's SFT recomputes each layer's activations in the backward pass (same "
+                             "weights, far less memory: for a deep model such as SmolLM2)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),

@@ -3,8 +3,8 @@ built here (or a pretrained one), and its supervised warm start.
 
     python scripts/prepare_warm_start.py --env babyai --out DIR [--levels 1] [--heldout 200] [--demos 300]
                                          [--epochs 16] [--sft-lr 2e-3] [--sft-schedule cosine] [--seed 0]
-                                         [--sft-bf16] [--hidden-size 128] [--layers 2] [--texts-per-goal 1]
-                                         [--base-model CHECKPOINT]
+                                         [--sft-bf16] [--sft-gradient-checkpointing] [--hidden-size 128] [--layers 2]
+                                         [--texts-per-goal 1] [--base-model CHECKPOINT]
 
 Starts the env's real server (``.venvs/<env>``), asks it for the train split's item ids (``GET /items``), keeps
 BabyAI's ``--levels`` only (level = item id mod 40 + 1), and writes
@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sft-bf16", action="store_true",
                         help="SFT under bfloat16 autocast: faster on a CPU with AMX / AVX512-BF16, but it ends at a "
                              "higher loss and a weaker warm start")
+    parser.add_argument("--sft-gradient-checkpointing", action="store_true",
+                        help="SFT recomputing each layer's activations in the backward pass (python -m "
+                             "cope_rlhf.local sft --gradient-checkpointing): what a pretrained model's long demos "
+                             "need to fit a CPU host's memory")
     parser.add_argument("--seed", type=int, default=0, help="model weights and SFT order")
     parser.add_argument("--hidden-size", type=int,
                         help="the model's width, a multiple of 64 (default 128: the quickstart's 0.66M parameters)")
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         make_tiny_model(["--out", model, "--corpus", demos_path, "--seed", str(args.seed), "--hidden-size",
                          str(args.hidden_size), "--layers", str(args.layers), "--heads", str(args.hidden_size // 64)])
     result = sft(model, demos_path, model_sft, args.epochs, args.sft_lr, 8, 2048, args.seed, args.sft_schedule,
-                 args.sft_bf16)
+                 args.sft_bf16, args.sft_gradient_checkpointing)
     print(f"[warm start] SFT model -> {model_sft}", flush=True)
     return {"train": len(train), "heldout": len(heldout), "demos": len(demos), "successful_demos": wins,
             "sft_loss": result["loss"], "model": model_sft}

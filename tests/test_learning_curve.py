@@ -418,23 +418,29 @@ def test_recipe_flags_that_the_trainer_cannot_run_are_refused(tmp_path, flags, c
 
 @pytest.mark.parametrize("flags, changed", [
     ([], {}),
-    (["--base-model", "tests", "--sft-lr", "2e-5", "--sft-epochs", "2", "--sft-demos", "64"],
-     {"--base-model": "tests", "--sft-lr": "2e-05", "--epochs": "2", "--demos": "64"})])
+    (["--base-model", "tests", "--sft-lr", "2e-5", "--sft-epochs", "2", "--sft-demos", "64",
+      "--sft-gradient-checkpointing"],
+     {"--base-model": "tests", "--sft-lr": "2e-05", "--epochs": "2", "--demos": "64",
+      "--sft-gradient-checkpointing": None})])
 def test_a_base_model_and_its_sft_settings_reach_the_warm_start_and_nothing_else(tmp_path, monkeypatch, flags,
                                                                                   changed):
-    """--base-model / --sft-lr / --sft-epochs / --sft-demos (a pretrained model's study, e.g. SmolLM2) reach
-    prepare_warm_start.py, one value per flag, and the rest of the env's warm start is WARM_START's."""
+    """--base-model / --sft-lr / --sft-epochs / --sft-demos / --sft-gradient-checkpointing (a pretrained model's
+    study, e.g. SmolLM2) reach prepare_warm_start.py, one value per flag, and the rest of the env's warm start is
+    WARM_START's."""
     commands = []
     monkeypatch.setattr(learning_curve, "run_child", lambda cmd, log=None, env=None: commands.append(cmd) or 0)
-    given = dict(zip(flags[::2], flags[1::2]))
+    bare = "--sft-gradient-checkpointing"
+    valued = [f for f in flags if f != bare]
+    given = dict(zip(valued[::2], valued[1::2]))
     args = argparse.Namespace(base_model=given.get("--base-model"), sft_lr=float(given.get("--sft-lr", 0)) or None,
                               sft_epochs=int(given.get("--sft-epochs", 0)) or None,
-                              sft_demos=int(given.get("--sft-demos", 0)) or None)
+                              sft_demos=int(given.get("--sft-demos", 0)) or None,
+                              sft_gradient_checkpointing=bare in flags)
     learning_curve.warm_start("textcraft", str(tmp_path / "study"), args)
     (cmd,) = commands
     pairs = flag_pairs(cmd[cmd.index("--out") + 2:])
     expected = dict(zip(learning_curve.WARM_START["textcraft"][::2], learning_curve.WARM_START["textcraft"][1::2]))
-    assert sorted(pairs) == sorted(f"{k} {v}" for k, v in {**expected, **changed}.items())
+    assert sorted(pairs) == sorted(f"{k} {v}" if v else k for k, v in {**expected, **changed}.items())
 
 
 @pytest.mark.parametrize("flags, message", [

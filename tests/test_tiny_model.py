@@ -89,6 +89,22 @@ def test_sft_loss_covers_exactly_the_replies(built, demos):
     assert tok.decode([t for t, m in zip(ids, mask) if not m]).count("Understood.") == 1  # acknowledgement: prompt
 
 
+def test_sft_gradient_checkpointing_recomputes_and_learns_the_same(built, demos, tmp_path, monkeypatch):
+    """--gradient-checkpointing trades memory for a second forward: the same weights come out."""
+    from cope_rlhf.local import sft
+
+    loaded, load = [], AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(sft.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    for name, extra in (("plain", []), ("recomputed", ["--gradient-checkpointing"])):
+        sft.main(["--model", str(built / "a"), "--demos", demos, "--out", str(tmp_path / name), "--epochs", "2",
+                  "--batch-size", "4", "--max-len", "512", *extra])
+    assert [m.is_gradient_checkpointing for m in loaded] == [False, True]
+    plain, recomputed = (AutoModelForCausalLM.from_pretrained(tmp_path / n).state_dict()
+                         for n in ("plain", "recomputed"))
+    assert all(torch.equal(plain[k], recomputed[k]) for k in plain)
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_sft_learns_the_demos(built, demos, tmp_path, bf16):
     result = train(str(built / "a"), demos, str(tmp_path / "sft"), epochs=6, lr=3e-3, batch_size=4, max_len=512,
