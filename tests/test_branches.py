@@ -265,6 +265,32 @@ def test_forecast_loss_and_gradients_equal_per_sample_reference(tok, batch, layo
         torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_forecast_gradients_are_the_same_under_gradient_checkpointing(tok, batch, attention, monkeypatch):
+    """OpenRLHF's --actor.gradient_checkpointing_enable (a deep model's memory, e.g. SmolLM2's) re-runs each decoder
+    layer in the backward pass with the same packed mask: the same loss and gradients as keeping the activations."""
+    samples = forecast_samples(tok, batch)
+    mlp_runs, results = [], []
+    mlp = type(tiny_model(len(tok)).model.layers[0].mlp)
+    forward = mlp.forward
+    # counted on the class: torch's recomputation bypasses module hooks
+    monkeypatch.setattr(mlp, "forward", lambda self, x: mlp_runs.append(1) or forward(self, x))
+    for checkpointing in (False, True):
+        model = tiny_model(len(tok), seed=2).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        with packed_attention(model, attention) as build:
+            loss = forecast_loss(trainable_logits_fn(model), samples, coef=0.01, block_mask=build)
+            forwards = len(mlp_runs)
+            loss.backward()
+        assert len(mlp_runs) == forwards * (2 if checkpointing else 1)  # recomputed in the backward pass, or not
+        mlp_runs.clear()
+        results.append((float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (kept, kept_grads), (again, again_grads) = results
+    assert again == pytest.approx(kept, abs=1e-6) and kept > 0.01
+    for name, grad in kept_grads.items():
+        torch.testing.assert_close(again_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_packed_forecast_rows_share_the_trajectory(tok, batch):
     samples = forecast_samples(tok, batch)
     packed = pack_forecast_samples(samples)
