@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--lr X] [--samples-per-prompt N]
-        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N --sft-gradient-checkpointing]
+        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N] [--gradient-checkpointing]
         [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI: the
@@ -10,18 +10,18 @@ quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=comp
 SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. ``--base-model DIR`` warm-starts that pretrained checkpoint
 instead of a tiny model (SmolLM2-135M-Instruct: ``scripts/get_smollm2.py``), with ``--sft-lr``, ``--sft-epochs`` and
 ``--sft-demos`` in place of the warm start's (a pretrained model wants a far lower rate than a tiny one's 2e-3, and
-``--lr`` for RL likewise; its SFT costs far more per demo and memory: ``--sft-gradient-checkpointing``); such a study
-gets its own ``--out``. Then every (config,
-seed) is its own ``python -m cope_rlhf.local train`` process from that model: the quickstart's recipe (``RECIPE``;
-``--lr``, ``--samples-per-prompt`` and ``--prompts-per-step`` put another value in place of its own, and such a study
-gets its own ``--out``), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval; an eval cached
-in ``--out`` at another limit is kept, so a study at another limit gets its own ``--out``), held-out evals every
-``--eval-every`` steps, and only the CoPE switches (``CONFIGS``; the forecast in joint mode) and ``--train.seed``
-differing. A run whose ``summary.json`` (or record) exists is kept, so rerunning the command finishes an interrupted
-study (a run stopped before it starts over); each run keeps how it trained (``recipe.json``: the recipe with those
-flags' values, the turn limit), and a command that would train another way is refused before anything starts.
-``--report-only`` trains nothing (not even a missing warm start) and reports the runs that finished (each config over
-the seeds it has).
+``--lr`` for RL likewise; its SFT costs far more per demo, and its memory wants ``--gradient-checkpointing``); such a
+study gets its own ``--out``. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from
+that model: the quickstart's recipe (``RECIPE``; ``--lr``, ``--samples-per-prompt`` and ``--prompts-per-step`` put
+another value in place of its own, and such a study gets its own ``--out``; ``--gradient-checkpointing`` adds
+OpenRLHF's ``--actor.gradient_checkpointing_enable``, which changes memory, not the recipe), ``TURNS[env]`` turns
+(``--max-turns``: that many, in training and in every eval; an eval cached in ``--out`` at another limit is kept, so a
+study at another limit gets its own ``--out``), held-out evals every ``--eval-every`` steps, and only the CoPE
+switches (``CONFIGS``; the forecast in joint mode) and ``--train.seed`` differing. A run whose ``summary.json`` (or
+record) exists is kept, so rerunning the command finishes an interrupted study (a run stopped before it starts over);
+each run keeps how it trained (``recipe.json``: the recipe with those flags' values, the turn limit), and a command
+that would train another way is refused before anything starts. ``--report-only`` trains nothing (not even a missing
+warm start) and reports the runs that finished (each config over the seeds it has).
 
 ``--record DIR`` keeps, small, what the report reads: per finished run its ``run_record.json`` (``run_record``: the
 step metrics of the tables, the held-out curve, each held-out episode's (item, success) at the first and the last
@@ -162,7 +162,7 @@ def warm_start(env: str, out: str, args: argparse.Namespace) -> str:
             if value is not None:
                 flags[flags.index(flag) + 1] = str(value)
         flags += [*(["--sft-lr", str(args.sft_lr)] if args.sft_lr is not None else []),
-                  *(["--sft-gradient-checkpointing"] if args.sft_gradient_checkpointing else []),
+                  *(["--sft-gradient-checkpointing"] if args.gradient_checkpointing else []),
                   *(["--base-model", args.base_model] if args.base_model is not None else [])]
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "prepare_warm_start.py"), "--env", env, "--out", folder,
                *flags]
@@ -230,7 +230,7 @@ def run_one(env: str, config: str, seed: int, start: str, out: str, turns: int, 
            "--local.max_turns", str(turns), "--train.seed", str(seed),
            "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.output_dir", os.path.join(out, "model"),
            "--ckpt.save_steps", "-1", "--logger.tensorboard_dir", os.path.join(out, "tb"), *recipe["recipe"],
-           *CONFIGS[config]]
+           *CONFIGS[config], *(["--actor.gradient_checkpointing_enable"] if args.gradient_checkpointing else [])]
     # A run stopped before its summary.json starts over: its TensorBoard events would mix with the new run's.
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -479,9 +479,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--sft-epochs", type=int, help="the warm start's SFT epochs (default: WARM_START's per env)")
     parser.add_argument("--sft-demos", type=int, help="the warm start's expert episodes (default: WARM_START's per "
                                                       "env, 300; a 135M model's SFT takes ~1 min per 8 on 2 cores)")
-    parser.add_argument("--sft-gradient-checkpointing", action="store_true",
-                        help="the warm start's SFT recomputes each layer's activations in the backward pass (same "
-                             "weights, far less memory: for a deep model such as SmolLM2)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="the warm start's SFT and every run's policy recompute each decoder layer's activations "
+                             "in the backward pass: the same numbers in far less memory, for a deep model such as "
+                             "SmolLM2 (not part of recipe.json: a study may turn it on or off between runs)")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),

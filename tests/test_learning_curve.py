@@ -329,7 +329,7 @@ def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
 
     monkeypatch.setattr(learning_curve, "run_child", fake_train)
     args = type("Args", (), {"steps": 2, "eval_every": 1, "lr": None, "samples_per_prompt": None,
-                             "prompts_per_step": None})()
+                             "prompts_per_step": None, "gradient_checkpointing": False})()
     learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), 3, args)
     assert seen == [["recipe.json", "train.log"]]
 
@@ -372,6 +372,18 @@ def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, traine
     for flag in recipe:
         if flag.startswith("--") and not recipe[flag].startswith("--"):
             assert [p for p in pairs if p.split()[0] == flag] == [f"{flag} {changed.get(flag, recipe[flag])}"]
+
+
+def test_gradient_checkpointing_reaches_every_run_and_is_not_a_recipe(tmp_path, trained_without_training):
+    """--gradient-checkpointing puts OpenRLHF's --actor.gradient_checkpointing_enable on each run's trainer; it
+    changes memory, not what trains, so recipe.json leaves it out and a study may resume without it."""
+    trained = trained_without_training
+    study = ["--envs", "textcraft", "--configs", "grpo", "--steps", "1", "--out", str(tmp_path / "out")]
+    learning_curve.main([*study, "--seeds", "0", "--gradient-checkpointing"])
+    learning_curve.main([*study, "--seeds", "1"])
+    assert ["--actor.gradient_checkpointing_enable" in cmd for cmd in trained] == [True, False]
+    with open(tmp_path / "out" / "textcraft" / "grpo_seed0" / "recipe.json") as f:
+        assert "--actor.gradient_checkpointing_enable" not in json.load(f)["recipe"]
 
 
 def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, trained_without_training, capsys):
@@ -419,23 +431,23 @@ def test_recipe_flags_that_the_trainer_cannot_run_are_refused(tmp_path, flags, c
 @pytest.mark.parametrize("flags, changed", [
     ([], {}),
     (["--base-model", "tests", "--sft-lr", "2e-5", "--sft-epochs", "2", "--sft-demos", "64",
-      "--sft-gradient-checkpointing"],
+      "--gradient-checkpointing"],
      {"--base-model": "tests", "--sft-lr": "2e-05", "--epochs": "2", "--demos": "64",
       "--sft-gradient-checkpointing": None})])
 def test_a_base_model_and_its_sft_settings_reach_the_warm_start_and_nothing_else(tmp_path, monkeypatch, flags,
                                                                                   changed):
-    """--base-model / --sft-lr / --sft-epochs / --sft-demos / --sft-gradient-checkpointing (a pretrained model's
-    study, e.g. SmolLM2) reach prepare_warm_start.py, one value per flag, and the rest of the env's warm start is
+    """--base-model / --sft-lr / --sft-epochs / --sft-demos / --gradient-checkpointing (a pretrained model's study,
+    e.g. SmolLM2) reach prepare_warm_start.py, one value per flag, and the rest of the env's warm start is
     WARM_START's."""
     commands = []
     monkeypatch.setattr(learning_curve, "run_child", lambda cmd, log=None, env=None: commands.append(cmd) or 0)
-    bare = "--sft-gradient-checkpointing"
+    bare = "--gradient-checkpointing"
     valued = [f for f in flags if f != bare]
     given = dict(zip(valued[::2], valued[1::2]))
     args = argparse.Namespace(base_model=given.get("--base-model"), sft_lr=float(given.get("--sft-lr", 0)) or None,
                               sft_epochs=int(given.get("--sft-epochs", 0)) or None,
                               sft_demos=int(given.get("--sft-demos", 0)) or None,
-                              sft_gradient_checkpointing=bare in flags)
+                              gradient_checkpointing=bare in flags)
     learning_curve.warm_start("textcraft", str(tmp_path / "study"), args)
     (cmd,) = commands
     pairs = flag_pairs(cmd[cmd.index("--out") + 2:])
