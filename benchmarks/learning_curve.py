@@ -42,8 +42,9 @@ held-out items, 2 CPU cores, with another study's training running alongside, gr
 the rest vLLM's start) and sampled 204 s (75 s playing), so ~7 min per model; vLLM's start alone varied from ~40 to
 ~225 s with the load.
 
-Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item) per eval step,
-mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and
+Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item; OpenRLHF evaluates
+at most ``--steps`` x ``--prompts-per-step`` items, so a shorter study's runs play the first that many, written to
+``<run>/heldout_in_training.jsonl``) per eval step, mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and
 config, held-out success before and at the last step (mean ± 95% half-width over seeds), the first eval step whose
 mean reaches GRPO's final mean ("never" if none), and seconds per training step (median over all steps of all
 seeds, rollout + update), then the final models' held-out evals: greedy success of the warm start → after training
@@ -222,18 +223,32 @@ def check_recipe(env_folder: str, wanted: dict) -> None:
 
 def run_one(env: str, config: str, seed: int, start: str, out: str, turns: int, args) -> None:
     recipe = study_recipe(args, turns)
+    # A run stopped before its summary.json starts over: its TensorBoard events would mix with the new run's.
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    heldout = os.path.join(start, "data", "heldout.jsonl")
+    # OpenRLHF caps the eval set at data.max_samples, which the trainer sets to a pass of --steps x prompts a step:
+    # a study shorter than its held-out items evaluates the first that many while it trains (its final evals,
+    # scripts/eval.py, play every item).
+    in_training = args.steps * int(recipe["recipe"][recipe["recipe"].index("--rollout.batch_size") + 1])
+    if os.path.isfile(heldout):
+        with open(heldout) as f:
+            items = f.readlines()
+        if len(items) > in_training:
+            heldout = os.path.join(out, "heldout_in_training.jsonl")
+            with open(heldout, "w") as f:
+                f.writelines(items[:in_training])
+            print(f"[learning_curve] {env} {config} seed {seed}: the in-training evals play the first {in_training} "
+                  f"of the {len(items)} held-out items (--steps x --prompts-per-step)", flush=True)
     cmd = [sys.executable, "-m", "cope_rlhf.local", "train", "--env", env,
            "--actor.model_name_or_path", os.path.join(start, "model-sft"),
            "--data.prompt_dataset", os.path.join(start, "data", "train.jsonl"),
-           "--eval.dataset", os.path.join(start, "data", "heldout.jsonl"),
+           "--eval.dataset", heldout,
            "--local.steps", str(args.steps), "--eval.steps", str(args.eval_every),
            "--local.max_turns", str(turns), "--train.seed", str(seed),
            "--ckpt.path", os.path.join(out, "ckpt"), "--ckpt.output_dir", os.path.join(out, "model"),
            "--ckpt.save_steps", "-1", "--logger.tensorboard_dir", os.path.join(out, "tb"), *recipe["recipe"],
            *CONFIGS[config], *(["--actor.gradient_checkpointing_enable"] if args.gradient_checkpointing else [])]
-    # A run stopped before its summary.json starts over: its TensorBoard events would mix with the new run's.
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
     with open(os.path.join(out, RECIPE_FILE), "w") as f:
         json.dump(recipe, f, indent=1)
     t = time.time()

@@ -386,6 +386,23 @@ def test_gradient_checkpointing_reaches_every_run_and_is_not_a_recipe(tmp_path, 
         assert "--actor.gradient_checkpointing_enable" not in json.load(f)["recipe"]
 
 
+@pytest.mark.parametrize("steps, played", [(2, 8), (3, 10)])
+def test_a_study_shorter_than_its_held_out_items_evaluates_the_first_it_can(tmp_path, trained_without_training,
+                                                                            steps, played):
+    """OpenRLHF reads at most --steps x --prompts-per-step held-out items (the trainer refuses more): a shorter
+    study's runs evaluate the first that many while they train; a longer one's the warm start's whole file."""
+    commands = trained_without_training
+    data = tmp_path / "babyai" / "warm_start" / "data"
+    data.mkdir(parents=True)
+    items = [json.dumps({"item": i}) + "\n" for i in range(10)]
+    (data / "heldout.jsonl").write_text("".join(items))
+    learning_curve.main(["--envs", "babyai", "--configs", "grpo", "--seeds", "0", "--steps", str(steps),
+                         "--prompts-per-step", "4", "--samples-per-prompt", "8", "--out", str(tmp_path)])
+    (cmd,) = commands
+    with open(cmd[cmd.index("--eval.dataset") + 1]) as f:
+        assert f.readlines() == items[:played]
+
+
 def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, trained_without_training, capsys):
     """Each run keeps the recipe it trained with (recipe.json, copied by --record); a command that would add a run
     trained at another learning rate or turn limit is refused before anything trains, naming the flag and both
