@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--lr X] [--samples-per-prompt N]
-        [--prompts-per-step N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N] [--gradient-checkpointing]
+        [--prompts-per-step N] [--micro-batch N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N] [--gradient-checkpointing]
         [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI: the
@@ -12,8 +12,8 @@ instead of a tiny model (SmolLM2-135M-Instruct: ``scripts/get_smollm2.py``), wit
 ``--sft-demos`` in place of the warm start's (a pretrained model wants a far lower rate than a tiny one's 2e-3, and
 ``--lr`` for RL likewise; its SFT costs far more per demo, and its memory wants ``--gradient-checkpointing``); such a
 study gets its own ``--out``. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from
-that model: the quickstart's recipe (``RECIPE``; ``--lr``, ``--samples-per-prompt`` and ``--prompts-per-step`` put
-another value in place of its own, and such a study gets its own ``--out``; ``--gradient-checkpointing`` adds
+that model: the quickstart's recipe (``RECIPE``; ``--lr``, ``--samples-per-prompt``, ``--prompts-per-step`` and
+``--micro-batch`` put another value in place of its own, and such a study gets its own ``--out``; ``--gradient-checkpointing`` adds
 OpenRLHF's ``--actor.gradient_checkpointing_enable``, which changes memory, not the recipe), ``TURNS[env]`` turns
 (``--max-turns``: that many, in training and in every eval; an eval cached in ``--out`` at another limit is kept, so a
 study at another limit gets its own ``--out``), held-out evals every ``--eval-every`` steps, and only the CoPE
@@ -175,11 +175,12 @@ def warm_start(env: str, out: str, args: argparse.Namespace) -> str:
 
 def study_recipe(args: argparse.Namespace, turns: int) -> dict:
     """How every run of a study trains, whatever its config and seed: RECIPE with --lr / --samples-per-prompt /
-    --prompts-per-step's value in place of its own (the same words when a flag repeats RECIPE's value), and the turn
+    --prompts-per-step / --micro-batch's value in place of its own (the same words when a flag repeats RECIPE's value), and the turn
     limit. Kept in each run's ``RECIPE_FILE``."""
     words = list(RECIPE)
     for flag, value in (("--actor.adam.lr", args.lr), ("--rollout.n_samples_per_prompt", args.samples_per_prompt),
-                        ("--rollout.batch_size", args.prompts_per_step)):
+                        ("--rollout.batch_size", args.prompts_per_step),
+                        ("--train.micro_batch_size", args.micro_batch), ("--rollout.micro_batch_size", args.micro_batch)):
         if value is not None and float(value) != float(words[words.index(flag) + 1]):
             words[words.index(flag) + 1] = str(value)
     return {"recipe": words, "max_turns": turns}
@@ -213,7 +214,7 @@ def check_recipe(env_folder: str, wanted: dict) -> None:
                 differs.append(f"--max-turns {had['max_turns']} there, {wanted['max_turns']} now")
             sys.exit(f"learning_curve: {os.path.join(env_folder, run)} trained another way than this command would "
                      f"train ({'; '.join(differs)}). Give the study's own --lr / --samples-per-prompt / "
-                     "--prompts-per-step / --max-turns to add runs to it (docs/RESULTS.md names each recorded study's "
+                     "--prompts-per-step / --micro-batch / --max-turns to add runs to it (docs/RESULTS.md names each recorded study's "
                      "command), or another --out for a new study.")
     if unchecked:
         print(f"[learning_curve] {env_folder}: {', '.join(unchecked)} recorded no {RECIPE_FILE} (trained before it "
@@ -487,6 +488,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--samples-per-prompt", type=int,
                         help="episodes per prompt, GRPO's group (default: RECIPE's, 8)")
     parser.add_argument("--prompts-per-step", type=int, help="prompts per training step (default: RECIPE's, 8)")
+    # In the recipe, not a memory switch: with the degenerate filter's dropped rows a batch's micro-batches differ
+    # in size, and OpenRLHF averages the loss per micro-batch.
+    parser.add_argument("--micro-batch", type=int,
+                        help="sequences per forward/backward pass of the policy and the reference (default: RECIPE's, "
+                             "8; a divisor of its --train.batch_size 32): SmolLM2's 49152-token vocabulary at 8 "
+                             "sequences of ~760 tokens took the policy past 15 GB")
     parser.add_argument("--base-model", help="warm-start this pretrained checkpoint folder (e.g. SmolLM2 from "
                                              "scripts/get_smollm2.py) instead of a tiny model built per env")
     parser.add_argument("--sft-lr", type=float, help="the warm start's SFT learning rate (default: "
@@ -515,6 +522,9 @@ def main(argv: list[str] | None = None) -> str:
     if (args.lr is not None and args.lr <= 0) or episodes % train_batch:
         parser.error(f"--lr must be > 0, and --samples-per-prompt x --prompts-per-step (now {episodes} episodes a "
                      f"step) a multiple of the recipe's --train.batch_size {train_batch}")
+    if args.micro_batch is not None and (args.micro_batch < 1 or train_batch % args.micro_batch):
+        parser.error(f"--micro-batch {args.micro_batch}: give a divisor of the recipe's --train.batch_size "
+                     f"{train_batch} (1, 2, 4, 8, ...)")
     if (args.sft_lr is not None and args.sft_lr <= 0) or any(n is not None and n < 1
                                                             for n in (args.sft_epochs, args.sft_demos)):
         parser.error("--sft-lr must be > 0, and --sft-epochs and --sft-demos >= 1")

@@ -303,7 +303,8 @@ def test_the_published_study_report_is_what_its_record_gives(tmp_path, name):
     for env in args["envs"]:
         require_venv(env)
     shutil.copytree(record, tmp_path / "record")
-    recipe = [flag for key in ("max_turns", "lr", "samples_per_prompt", "prompts_per_step") if args.get(key)
+    recipe = [flag for key in ("max_turns", "lr", "samples_per_prompt", "prompts_per_step", "micro_batch")
+              if args.get(key)
               for flag in ("--" + key.replace("_", "-"), str(args[key]))]
     learning_curve.main(["--envs", *args["envs"], "--configs", *args["configs"], "--seeds", *map(str, args["seeds"]),
                          *recipe, "--out", str(tmp_path / "record"), "--report-only", "--evals"])
@@ -329,7 +330,7 @@ def test_an_unfinished_run_starts_over(tmp_path, monkeypatch):
 
     monkeypatch.setattr(learning_curve, "run_child", fake_train)
     args = type("Args", (), {"steps": 2, "eval_every": 1, "lr": None, "samples_per_prompt": None,
-                             "prompts_per_step": None, "gradient_checkpointing": False})()
+                             "prompts_per_step": None, "micro_batch": None, "gradient_checkpointing": False})()
     learning_curve.run_one("babyai", "grpo", 0, str(tmp_path / "start"), str(out), 3, args)
     assert seen == [["recipe.json", "train.log"]]
 
@@ -359,7 +360,8 @@ def trained_without_training(tmp_path, monkeypatch) -> list:
 @pytest.mark.parametrize("flags, changed", [
     ([], {}),
     (["--lr", "3e-4", "--samples-per-prompt", "16", "--prompts-per-step", "4"],
-     {"--actor.adam.lr": "0.0003", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"})])
+     {"--actor.adam.lr": "0.0003", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"}),
+    (["--micro-batch", "2"], {"--train.micro_batch_size": "2", "--rollout.micro_batch_size": "2"})])
 def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, trained_without_training, flags, changed):
     """--lr, --samples-per-prompt and --prompts-per-step reach the trainer in place of RECIPE's value (one value per
     flag: the trainer would take the last of two), and every other flag of the run is the recipe's."""
@@ -417,7 +419,9 @@ def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, trained_witho
     assert "--actor.adam.lr 0.0003" in flag_pairs(kept["recipe"])
 
     for other, message in ((["--seeds", "1"], "--actor.adam.lr 0.0003 there, 1e-4 now"),
-                           (["--seeds", "1", "--lr", "3e-4", "--max-turns", "20"], "--max-turns 10 there, 20 now")):
+                           (["--seeds", "1", "--lr", "3e-4", "--max-turns", "20"], "--max-turns 10 there, 20 now"),
+                           (["--seeds", "1", "--lr", "3e-4", "--micro-batch", "2"],
+                            "--train.micro_batch_size 8 there, 2 now")):
         with pytest.raises(SystemExit, match="trained another way") as refused:
             learning_curve.main([*study, *other])
         assert message in str(refused.value) and "grpo_seed0" in str(refused.value)
@@ -438,7 +442,8 @@ def test_a_study_refuses_to_add_runs_trained_another_way(tmp_path, trained_witho
     assert "textcraft: grpo_seed0 recorded no recipe.json" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags", [["--lr", "0"], ["--samples-per-prompt", "4", "--prompts-per-step", "4"]])
+@pytest.mark.parametrize("flags", [["--lr", "0"], ["--samples-per-prompt", "4", "--prompts-per-step", "4"],
+                                   ["--micro-batch", "3"], ["--micro-batch", "0"]])
 def test_recipe_flags_that_the_trainer_cannot_run_are_refused(tmp_path, flags, capsys):
     with pytest.raises(SystemExit):
         learning_curve.main(["--envs", "textcraft", "--out", str(tmp_path), *flags])
