@@ -509,9 +509,9 @@ def main(argv: list[str] | None = None) -> str:
                         help="train nothing: report the (config, seed) runs that finished (and run their evals)")
     parser.add_argument("--evals", nargs="*", default=list(EVALS), choices=list(EVALS),
                         help="the final models' held-out evals to run (cached ones are read anyway; none: --evals)")
-    parser.add_argument("--record", help="copy what the report reads of each finished run, and the warm start's "
-                                         "model (no trained model), into this folder, laid out as in --out "
-                                         "(docs/results/learning_study)")
+    parser.add_argument("--record", help="copy what the report reads of each finished run and of each warm start "
+                                         "(its evals' metrics and item ids; no model) into this folder, laid out as "
+                                         "in --out (docs/results/learning_study)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1 or (args.max_turns is not None and args.max_turns < 1):
         parser.error("--steps, --eval-every and --max-turns must be >= 1")
