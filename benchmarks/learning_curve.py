@@ -55,7 +55,8 @@ rejected actions over each run's first and last 10 steps, KL to the reference ov
 the share of groups the degenerate filter took, TE's members' probability of the action taken). Each run also gets
 its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM (~1 min) and evaluates 400 episodes every
 ``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO takes 7-35 s on 2 CPU cores (the fast end with
-AMX), so a 60-step run takes 15 to 45 minutes.
+AMX), so a 60-step run takes 15 to 45 minutes. With SmolLM2-135M (``--base-model``, ``--micro-batch 2``) a step of 32
+episodes takes ~14 minutes there (docs/results/smollm2.md, "The study").
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ def test_a_record_reports_the_study_without_its_models(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["learning_study", "textcraft_20turns_pilot", "textcraft_20turns_16samples",
-                                  "te_upstream_recipe", "te_upstream_recipe_textcraft"])
+                                  "te_upstream_recipe", "te_upstream_recipe_textcraft", "smollm2_study"])
 def test_the_published_study_report_is_what_its_record_gives(tmp_path, name):
     """docs/results/<record>/learning_curve.json (and .png) is the report of the runs recorded next to it: rebuilt
     from a copy of that record by the command it names, every row of both tables comes out the same, and
