@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/learning_curve.py [--envs babyai textcraft] [--configs grpo filter forecast te info all]
         [--seeds 0 1 2] [--steps 60] [--eval-every 10] [--max-turns N] [--lr X] [--samples-per-prompt N]
-        [--prompts-per-step N] [--micro-batch N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N] [--gradient-checkpointing]
-        [--out runs/learning_curve]
+        [--prompts-per-step N] [--micro-batch N] [--base-model DIR --sft-lr X --sft-epochs N --sft-demos N]
+        [--gradient-checkpointing] [--out runs/learning_curve]
 
 Per env, ``scripts/prepare_warm_start.py`` runs once (``WARM_START[env]``: item ids, held-out ids, demos (BabyAI: the
 quickstart's view-hesitant demonstrator, on the compact text: ``BABYAI_TEXT=compact`` unless set), a tiny model and its
@@ -11,17 +11,17 @@ SFT) unless ``<out>/<env>/warm_start/model-sft`` exists. ``--base-model DIR`` wa
 instead of a tiny model (SmolLM2-135M-Instruct: ``scripts/get_smollm2.py``), with ``--sft-lr``, ``--sft-epochs`` and
 ``--sft-demos`` in place of the warm start's (a pretrained model wants a far lower rate than a tiny one's 2e-3, and
 ``--lr`` for RL likewise; its SFT costs far more per demo, and its memory wants ``--gradient-checkpointing``); such a
-study gets its own ``--out``. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from
-that model: the quickstart's recipe (``RECIPE``; ``--lr``, ``--samples-per-prompt``, ``--prompts-per-step`` and
-``--micro-batch`` put another value in place of its own, and such a study gets its own ``--out``; ``--gradient-checkpointing`` adds
-OpenRLHF's ``--actor.gradient_checkpointing_enable``, which changes memory, not the recipe), ``TURNS[env]`` turns
-(``--max-turns``: that many, in training and in every eval; an eval cached in ``--out`` at another limit is kept, so a
-study at another limit gets its own ``--out``), held-out evals every ``--eval-every`` steps, and only the CoPE
-switches (``CONFIGS``; the forecast in joint mode) and ``--train.seed`` differing. A run whose ``summary.json`` (or
-record) exists is kept, so rerunning the command finishes an interrupted study (a run stopped before it starts over);
-each run keeps how it trained (``recipe.json``: the recipe with those flags' values, the turn limit), and a command
-that would train another way is refused before anything starts. ``--report-only`` trains nothing (not even a missing
-warm start) and reports the runs that finished (each config over the seeds it has).
+study gets its own ``--out``. Then every (config, seed) is its own ``python -m cope_rlhf.local train`` process from that
+model: the quickstart's recipe (``RECIPE``; ``--lr``, ``--samples-per-prompt``, ``--prompts-per-step`` and
+``--micro-batch`` put another value in place of its own, and such a study gets its own ``--out``;
+``--gradient-checkpointing`` adds OpenRLHF's ``--actor.gradient_checkpointing_enable``, which changes memory, not the
+recipe), ``TURNS[env]`` turns (``--max-turns``: that many, in training and in every eval; an eval cached in ``--out`` at
+another limit is kept, so a study at another limit gets its own ``--out``), held-out evals every ``--eval-every`` steps,
+and only the CoPE switches (``CONFIGS``; the forecast in joint mode) and ``--train.seed`` differing. A run whose
+``summary.json`` (or record) exists is kept, so rerunning the command finishes an interrupted study (a run stopped
+before it starts over); each run keeps how it trained (``recipe.json``: the recipe with those flags' values, the turn
+limit), and a command that would train another way is refused before anything starts. ``--report-only`` trains nothing
+(not even a missing warm start) and reports the runs that finished (each config over the seeds it has).
 
 ``--record DIR`` keeps, small, what the report reads: per finished run its ``run_record.json`` (``run_record``: the
 step metrics of the tables, the held-out curve, each held-out episode's (item, success) at the first and the last
@@ -42,22 +42,21 @@ held-out items, 2 CPU cores, with another study's training running alongside, gr
 the rest vLLM's start) and sampled 204 s (75 s playing), so ~7 min per model; vLLM's start alone varied from ~40 to
 ~225 s with the load.
 
-Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item; OpenRLHF evaluates
-at most ``--steps`` x ``--prompts-per-step`` items, so a shorter study's runs play the first that many, written to
-``<run>/heldout_in_training.jsonl``) per eval step, mean over seeds ± 95% t-interval (as a band), one line per config; and ``<out>/learning_curve.md``: per env and
-config, held-out success before and at the last step (mean ± 95% half-width over seeds), the first eval step whose
-mean reaches GRPO's final mean ("never" if none), and seconds per training step (median over all steps of all
-seeds, rollout + update), then the final models' held-out evals: greedy success of the warm start → after training
-(mean ± 95% half-width over seeds) and sampled Avg@4 after training (mean reward over each item's 4 episodes, then
-over items; mean ± 95%), and a second table of how the runs trained (``TRAINING``: rollout success and the env's
-rejected actions over each run's first and last 10 steps, KL to the reference over the last 10 (the loss's
-``train/kl``, which under the filter covers the mixed groups' rows only, and the whole batch's ``cope/kl_all_rows``),
-the share of groups the degenerate filter took, TE's members' probability of the action taken). Each run also gets
-its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM (~1 min) and evaluates 400 episodes every
-``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO takes 7-35 s on 2 CPU cores (the fast end with
-AMX), so a 60-step run takes 15 to 45 minutes. With SmolLM2-135M (``--base-model``, ``--micro-batch 2``) a step of 32
-episodes takes ~14 minutes there (docs/results/smollm2.md, "The study").
-"""
+Writes ``<out>/learning_curve.png``: per env, held-out success (temperature 1, 2 episodes per item) per eval step, mean
+over seeds ± 95% t-interval (as a band), one line per config (OpenRLHF evaluates at most ``--steps`` x
+``--prompts-per-step`` held-out items, so a shorter study's runs play the first that many, written to
+``<run>/heldout_in_training.jsonl``); and ``<out>/learning_curve.md``: per env and config, held-out success before and
+at the last step (mean ± 95% half-width over seeds), the first eval step whose mean reaches GRPO's final mean ("never"
+if none), and seconds per training step (median over all steps of all seeds, rollout + update), then the final models'
+held-out evals: greedy success of the warm start → after training (mean ± 95% half-width over seeds) and sampled Avg@4
+after training (mean reward over each item's 4 episodes, then over items; mean ± 95%), and a second table of how the
+runs trained (``TRAINING``: rollout success and the env's rejected actions over each run's first and last 10 steps, KL
+to the reference over the last 10 (the loss's ``train/kl``, which under the filter covers the mixed groups' rows only,
+and the whole batch's ``cope/kl_all_rows``), the share of groups the degenerate filter took, TE's members' probability
+of the action taken). Each run also gets its own scripts/run_report.py PNG. Slow: every run starts Ray and vLLM (~1 min)
+and evaluates 400 episodes every ``--eval-every`` steps (~1 min each); a BabyAI step of stock GRPO takes 7-35 s on 2 CPU
+cores (the fast end with AMX), so a 60-step run takes 15 to 45 minutes. With SmolLM2-135M (``--base-model``,
+``--micro-batch 2``) a step of 32 episodes takes ~14 minutes there (docs/results/smollm2.md, "The study")."""
 
 from __future__ import annotations
 
@@ -176,12 +175,13 @@ def warm_start(env: str, out: str, args: argparse.Namespace) -> str:
 
 def study_recipe(args: argparse.Namespace, turns: int) -> dict:
     """How every run of a study trains, whatever its config and seed: RECIPE with --lr / --samples-per-prompt /
-    --prompts-per-step / --micro-batch's value in place of its own (the same words when a flag repeats RECIPE's value), and the turn
-    limit. Kept in each run's ``RECIPE_FILE``."""
+    --prompts-per-step / --micro-batch's value in place of its own (the same words when a flag repeats RECIPE's value),
+    and the turn limit. Kept in each run's ``RECIPE_FILE``."""
     words = list(RECIPE)
     for flag, value in (("--actor.adam.lr", args.lr), ("--rollout.n_samples_per_prompt", args.samples_per_prompt),
                         ("--rollout.batch_size", args.prompts_per_step),
-                        ("--train.micro_batch_size", args.micro_batch), ("--rollout.micro_batch_size", args.micro_batch)):
+                        ("--train.micro_batch_size", args.micro_batch),
+                        ("--rollout.micro_batch_size", args.micro_batch)):
         if value is not None and float(value) != float(words[words.index(flag) + 1]):
             words[words.index(flag) + 1] = str(value)
     return {"recipe": words, "max_turns": turns}
@@ -215,8 +215,8 @@ def check_recipe(env_folder: str, wanted: dict) -> None:
                 differs.append(f"--max-turns {had['max_turns']} there, {wanted['max_turns']} now")
             sys.exit(f"learning_curve: {os.path.join(env_folder, run)} trained another way than this command would "
                      f"train ({'; '.join(differs)}). Give the study's own --lr / --samples-per-prompt / "
-                     "--prompts-per-step / --micro-batch / --max-turns to add runs to it (docs/RESULTS.md names each recorded study's "
-                     "command), or another --out for a new study.")
+                     "--prompts-per-step / --micro-batch / --max-turns to add runs to it (docs/RESULTS.md names each "
+                     "recorded study's command), or another --out for a new study.")
     if unchecked:
         print(f"[learning_curve] {env_folder}: {', '.join(unchecked)} recorded no {RECIPE_FILE} (trained before it "
               "was kept); check that this command trains as they did (docs/RESULTS.md names each study's command)",

@@ -363,8 +363,8 @@ def trained_without_training(tmp_path, monkeypatch) -> list:
      {"--actor.adam.lr": "0.0003", "--rollout.n_samples_per_prompt": "16", "--rollout.batch_size": "4"}),
     (["--micro-batch", "2"], {"--train.micro_batch_size": "2", "--rollout.micro_batch_size": "2"})])
 def test_recipe_flags_replace_the_recipe_value_and_nothing_else(tmp_path, trained_without_training, flags, changed):
-    """--lr, --samples-per-prompt and --prompts-per-step reach the trainer in place of RECIPE's value (one value per
-    flag: the trainer would take the last of two), and every other flag of the run is the recipe's."""
+    """--lr, --samples-per-prompt, --prompts-per-step and --micro-batch reach the trainer in place of RECIPE's value
+    (one value per flag: the trainer would take the last of two), and every other flag of the run is the recipe's."""
     commands = trained_without_training
     learning_curve.main(["--envs", "textcraft", "--configs", "grpo", "--seeds", "0", "--steps", "1", "--out",
                          str(tmp_path), *flags])
