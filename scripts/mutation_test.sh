@@ -52,6 +52,7 @@ declare -A TESTS=(
   [env_gateway/servers/babyai.py]="tests/test_server_babyai.py tests/test_parity_babyai.py"
   [scripts/reply_census.py]="tests/test_reply_census.py"
   [scripts/run_report.py]="tests/test_run_report.py"
+  [benchmarks/learning_curve.py]="tests/test_learning_curve.py"
 )
 # A file whose tests need packages only an env server's venv has runs there: mutmut in that venv's interpreter, with
 # mutmut and pytest (and their requirements) from .venvs/mutmut-lib-full, since that venv has neither. Run by its own
