@@ -121,8 +121,8 @@ for file in "${files[@]}"; do
   fi
   printf '[mutmut]\nsource_paths=\n    %s/\nonly_mutate=\n    %s\npytest_add_cli_args_test_selection=%s\n' \
     "$(dirname "$file")" "$file" "$(printf '\n    %s' "${tests[@]}")" > "$work/setup.cfg"
-  # docs/results: the published studies' records, which tests/test_learning_curve.py rebuilds
-  printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n    docs/results/\n' \
+  # docs: the published studies' records and RESULTS.md, which tests/test_learning_curve.py checks
+  printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n    docs/\n' \
     >> "$work/setup.cfg"
   report="$OUT/$(echo "$file" | tr / _).txt"
   echo "== $file: mutants checked by ${tests[*]}${VENV[$file]:+ in ${VENV[$file]}}; report: $report"
