@@ -52,7 +52,6 @@ declare -A TESTS=(
   [env_gateway/servers/babyai.py]="tests/test_server_babyai.py tests/test_parity_babyai.py"
   [scripts/reply_census.py]="tests/test_reply_census.py"
   [scripts/run_report.py]="tests/test_run_report.py"
-  [benchmarks/learning_curve.py]="tests/test_learning_curve.py"
 )
 # A file whose tests need packages only an env server's venv has runs there: mutmut in that venv's interpreter, with
 # mutmut and pytest (and their requirements) from .venvs/mutmut-lib-full, since that venv has neither. Run by its own
@@ -121,9 +120,7 @@ for file in "${files[@]}"; do
   fi
   printf '[mutmut]\nsource_paths=\n    %s/\nonly_mutate=\n    %s\npytest_add_cli_args_test_selection=%s\n' \
     "$(dirname "$file")" "$file" "$(printf '\n    %s' "${tests[@]}")" > "$work/setup.cfg"
-  # docs: the published studies' records and RESULTS.md, which tests/test_learning_curve.py checks
-  printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n    docs/\n' \
-    >> "$work/setup.cfg"
+  printf 'also_copy=\n    agent_funcs/\n    cope_rlhf/\n    env_gateway/\n    scripts/\n    data/\n' >> "$work/setup.cfg"
   report="$OUT/$(echo "$file" | tr / _).txt"
   echo "== $file: mutants checked by ${tests[*]}${VENV[$file]:+ in ${VENV[$file]}}; report: $report"
   (
